@@ -1,0 +1,85 @@
+// Copies between openreg and the CPU, and between openreg devices, with
+// broadcasting and dtype conversion. copy_, to(), cpu() and the generated
+// .openreg() methods all end here.
+#include <ATen/ops/copy.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "aten/OpenRegKernelView.h"
+#include "core/OpenRegException.h"
+
+namespace openreg {
+
+namespace {
+
+bool is_openreg(const at::Tensor& t) {
+  return t.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+// True when a byte-for-byte copy of the dense span is the whole job.
+bool can_memcpy(const at::Tensor& src, const at::Tensor& dst) {
+  return src.dtype() == dst.dtype() && src.sizes() == dst.sizes() &&
+         src.strides() == dst.strides() && src.is_conj() == dst.is_conj() &&
+         src.is_neg() == dst.is_neg() && src.is_non_overlapping_and_dense() &&
+         dst.is_non_overlapping_and_dense();
+}
+
+orMemcpyKind kind_of(const at::Tensor& src, const at::Tensor& dst) {
+  if (is_openreg(src)) {
+    return is_openreg(dst) ? orMemcpyDeviceToDevice : orMemcpyDeviceToHost;
+  }
+  return orMemcpyHostToDevice;
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
+                     bool /*non_blocking*/) {
+  // `self` is the source. Either side may be on the CPU; CPU sides must be
+  // plain strided CPU tensors.
+  for (const at::Tensor* t : {&self, &dst}) {
+    TORCH_CHECK(is_openreg(*t) || t->device().is_cpu(),
+                "openreg copies to and from the CPU and other openreg "
+                "devices only, got a tensor on ",
+                t->device());
+  }
+  if (dst.numel() == 0) {
+    return dst;
+  }
+  // Work is ordered on the destination's stream when it is a device,
+  // otherwise on the source's.
+  const c10::DeviceIndex device =
+      is_openreg(dst) ? dst.device().index() : self.device().index();
+  const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+  if (is_openreg(self) && is_openreg(dst) &&
+      self.device().index() != dst.device().index()) {
+    // Cross-device: wait for the source device's producing work too.
+    getCurrentStream(self.device().index()).synchronize();
+  }
+  launch(device, [&] {
+    if (can_memcpy(self, dst)) {
+      OPENREG_CHECK(orMemcpy(dst.data_ptr(), self.const_data_ptr(), dst.nbytes(),
+                             kind_of(self, dst)));
+      return;
+    }
+    // General case: PyTorch's CPU copy kernel over the kernel views handles
+    // broadcasting, strides and dtype conversion in one pass.
+    at::Tensor src_view = is_openreg(self) ? kernel_view(self) : self;
+    at::Tensor dst_view = is_openreg(dst) ? kernel_view(dst) : dst;
+    dst_view.copy_(src_view);
+  });
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  return copy_from(self, dst, false);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+}
+
+}  // namespace openreg

@@ -1,0 +1,308 @@
+// The global fallback: any ATen operator without an openreg kernel runs
+// PyTorch's CPU kernel directly on device memory.
+//
+// For each call the fallback
+//  1. finds the device (the first openreg tensor, or an openreg Device
+//     argument) and rejects mixed devices the way CUDA does;
+//  2. replaces every openreg tensor by its kernel view (a CPU tensor over the
+//     same bytes), openreg generators by their CPU state, openreg devices by
+//     the CPU;
+//  3. runs the CPU kernel as device work (launch());
+//  4. maps results back: in-place and out= results are the original device
+//     arguments (resized if the kernel resized them), views of an input
+//     become device views of the same storage, new tensors are copied into
+//     device memory.
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/contiguous.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <string_view>
+#include <vector>
+
+#include "aten/OpenRegKernelView.h"
+#include "aten/OpenRegResize.h"
+#include "core/OpenRegException.h"
+#include "random/OpenRegGenerator.h"
+
+namespace openreg {
+
+namespace {
+
+bool is_openreg(const at::Tensor& t) {
+  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+// Operators that, as on CUDA, accept CPU index tensors beside device tensors.
+bool accepts_cpu_tensors(const c10::OperatorName& name) {
+  static constexpr std::string_view kAllowed[] = {
+      "aten::index", "aten::index_put_", "aten::_index_put_impl_",
+      "aten::index_put"};
+  for (auto allowed : kAllowed) {
+    if (name.name == allowed) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Calls f on every tensor inside an argument (tensors, tensor lists, lists of
+// optional tensors).
+template <typename F>
+void for_each_tensor(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) {
+      f(t);
+    }
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) {
+        f(e.toTensor());
+      }
+    }
+  }
+}
+
+// Replaces every openreg tensor inside v by f(tensor).
+template <typename F>
+c10::IValue map_tensors(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    return f(v.toTensor());
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) {
+      out.push_back(f(t));
+    }
+    return out;
+  }
+  if (v.isList()) {
+    auto list = v.toList();
+    bool any = false;
+    for (const c10::IValue& e : list) {
+      any = any || e.isTensor();
+    }
+    if (!any) {
+      return v;
+    }
+    c10::impl::GenericList out(list.elementType());
+    for (const c10::IValue& e : list) {
+      out.push_back(e.isTensor() ? c10::IValue(f(e.toTensor())) : e);
+    }
+    return out;
+  }
+  return v;
+}
+
+bool is_generator_arg(const c10::Argument& arg) {
+  const c10::TypePtr& type = arg.type();
+  if (type->kind() == c10::TypeKind::GeneratorType) {
+    return true;
+  }
+  if (auto opt = type->cast<c10::OptionalType>()) {
+    return opt->getElementType()->kind() == c10::TypeKind::GeneratorType;
+  }
+  return false;
+}
+
+// Finds the device an operator call runs on and checks all tensors agree.
+c10::Device find_device(const c10::OperatorHandle& op,
+                        c10::ArrayRef<c10::IValue> args) {
+  std::optional<c10::Device> device;
+  std::optional<c10::Device> other;
+  for (const c10::IValue& v : args) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (!t.defined()) {
+        return;
+      }
+      if (is_openreg(t)) {
+        if (!device) {
+          device = t.device();
+        } else {
+          TORCH_CHECK(*device == t.device(),
+                      "Expected all tensors to be on the same device, but "
+                      "found at least two devices, ",
+                      *device, " and ", t.device(),
+                      "! (when checking arguments for ", op.schema().name(),
+                      ")");
+        }
+      } else if (t.device().is_cpu()) {
+        if (t.dim() != 0 && !other) {
+          other = t.device();  // CPU scalars (0-dim) are allowed, as on CUDA
+        }
+      } else if (!other) {
+        other = t.device();
+      }
+    });
+  }
+  if (device) {
+    TORCH_CHECK(!other || (other->is_cpu() && accepts_cpu_tensors(
+                                                  op.schema().operator_name())),
+                "Expected all tensors to be on the same device, but found at "
+                "least two devices, ",
+                *device, " and ", *other, "! (when checking arguments for ",
+                op.schema().name(), ")");
+    return *device;
+  }
+  for (const c10::IValue& v : args) {
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      return v.toDevice();
+    }
+  }
+  TORCH_CHECK(false, "openreg fallback for ", op.schema().name(),
+              " found no openreg tensor or device among its arguments");
+}
+
+// Copies a tensor the CPU kernel created into new device memory.
+at::Tensor to_device(const at::Tensor& result, c10::Device device) {
+  at::Tensor src =
+      result.is_non_overlapping_and_dense() ? result : result.contiguous();
+  at::Tensor out = at::empty_strided(src.sizes(), src.strides(),
+                                     src.options().device(device));
+  if (src.numel() != 0) {
+    OPENREG_CHECK(orMemcpy(out.data_ptr(), src.const_data_ptr(), src.nbytes(),
+                           orMemcpyHostToDevice));
+  }
+  out._set_conj(src.is_conj());
+  out._set_neg(src.is_neg());
+  return out;
+}
+
+// A device storage and the kernel address its views start at.
+struct WrappedStorage {
+  void* kernel_base;
+  c10::Storage storage;
+};
+
+// Brings the device argument `dev` up to date with its kernel view `view`
+// after a kernel that may have resized it (out= arguments, set_, resize_).
+void sync_mutated(const at::Tensor& dev, const at::Tensor& view,
+                  void* original_base) {
+  c10::TensorImpl* impl = dev.unsafeGetTensorImpl();
+  if (view.storage().data() != original_base) {
+    // The CPU kernel grew the storage on the host: grow the device storage
+    // and move the bytes there.
+    const c10::Storage& storage = dev.storage();
+    resize_bytes(storage.unsafeGetStorageImpl(), view.storage().nbytes());
+    if (view.storage().nbytes() != 0) {
+      OPENREG_CHECK(orMemcpy(storage.mutable_data(), view.storage().data(),
+                             view.storage().nbytes(), orMemcpyHostToDevice));
+    }
+  }
+  if (dev.sizes() != view.sizes() || dev.strides() != view.strides() ||
+      dev.storage_offset() != view.storage_offset()) {
+    impl->set_sizes_and_strides(view.sizes(), view.strides(),
+                                view.storage_offset());
+  }
+}
+
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const auto& arg_schema = schema.arguments();
+  const size_t num_args = arg_schema.size();
+  const size_t first = stack->size() - num_args;
+  auto args = torch::jit::last(*stack, num_args);
+
+  const c10::Device device = find_device(op, args);
+  const c10::DeviceGuard guard(device);
+
+  // Keep the original arguments: in-place results return them.
+  std::vector<c10::IValue> originals(args.begin(), args.end());
+  std::vector<WrappedStorage> storages;
+  struct Mutated {
+    at::Tensor dev;
+    at::Tensor view;
+    void* base;
+  };
+  std::vector<Mutated> mutated;
+
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& v = (*stack)[first + i];
+    const c10::Argument& a = arg_schema[i];
+    const bool writes = a.alias_info() != nullptr && a.alias_info()->isWrite();
+    if (is_generator_arg(a)) {
+      std::optional<at::Generator> gen;
+      if (v.isGenerator()) {
+        gen = v.toGenerator();
+      }
+      v = kernel_generator(gen, device.index());
+      continue;
+    }
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      v = c10::Device(c10::DeviceType::CPU);
+      continue;
+    }
+    // A single mutable tensor may be resized by the kernel (out=, set_);
+    // mutable lists (the _foreach_ ops) are only written in place.
+    const bool may_resize = writes && v.isTensor();
+    v = map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
+      if (!is_openreg(t)) {
+        return t;
+      }
+      at::Tensor view = kernel_view(t, may_resize);
+      storages.push_back({view.storage().mutable_data(), t.storage()});
+      if (may_resize) {
+        mutated.push_back({t, view, view.storage().mutable_data()});
+      }
+      return view;
+    });
+  }
+
+  launch(device.index(), [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  });
+
+  for (const Mutated& m : mutated) {
+    sync_mutated(m.dev, m.view, m.base);
+  }
+
+  const auto& ret_schema = schema.returns();
+  const size_t num_rets = ret_schema.size();
+  const size_t ret_first = stack->size() - num_rets;
+  auto convert = [&](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined() || !t.device().is_cpu()) {
+      return t;
+    }
+    const void* data = t.storage().data();
+    if (data != nullptr) {
+      for (const WrappedStorage& w : storages) {
+        if (w.kernel_base == data) {
+          return device_alias(w.storage, t);  // a view of an input
+        }
+      }
+    }
+    return to_device(t, device);
+  };
+  for (size_t r = 0; r < num_rets; ++r) {
+    c10::IValue& v = (*stack)[ret_first + r];
+    const c10::AliasInfo* alias = ret_schema[r].alias_info();
+    if (alias != nullptr && alias->isWrite()) {
+      // An in-place or out= result: return the argument it aliases.
+      for (size_t i = 0; i < num_args; ++i) {
+        const c10::AliasInfo* arg_alias = arg_schema[i].alias_info();
+        if (arg_alias != nullptr &&
+            arg_alias->beforeSets() == alias->beforeSets()) {
+          v = originals[i];
+          break;
+        }
+      }
+      continue;
+    }
+    v = map_tensors(v, convert);
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+}
+
+}  // namespace openreg

@@ -1,0 +1,140 @@
+// The native kernels every backend needs: allocation, views, resizing, set_,
+// and reading a scalar back. Everything else reaches the device through the
+// copies (OpenRegCopy.cpp) and the fallback (OpenRegFallback.cpp).
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_local_scalar_dense_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "aten/OpenRegKernelView.h"
+#include "aten/OpenRegResize.h"
+#include "core/OpenRegException.h"
+#include "memory/OpenRegAllocator.h"
+
+namespace openreg {
+
+namespace {
+
+constexpr auto kKeySet = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+
+void check_factory_args(std::optional<c10::Layout> layout,
+                        std::optional<bool> pin_memory) {
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
+              "openreg supports only strided tensors, got layout ", *layout);
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory),
+              "Only dense CPU tensors can be pinned; an openreg tensor lives "
+              "in device memory");
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size,
+                               std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout,
+                               std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  check_factory_args(layout, pin_memory);
+  const c10::OptionalDeviceGuard guard(device);
+  return at::detail::empty_generic(size, device_allocator(), kKeySet,
+                                   c10::dtype_or_default(dtype),
+                                   memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device,
+                         std::optional<bool> pin_memory) {
+  check_factory_args(layout, pin_memory);
+  const c10::OptionalDeviceGuard guard(device);
+  return at::detail::empty_strided_generic(size, stride, device_allocator(),
+                                           kKeySet,
+                                           c10::dtype_or_default(dtype));
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  for (auto s : size) {
+    TORCH_CHECK(s >= 0, "Trying to create tensor with negative dimension ", s,
+                ": ", size);
+  }
+  resize_impl(self.unsafeGetTensorImpl(), size, std::nullopt);
+  if (memory_format.has_value() &&
+      *memory_format != c10::MemoryFormat::Preserve) {
+    self.unsafeGetTensorImpl()->empty_tensor_restride(*memory_format);
+  }
+  return self;
+}
+
+at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source,
+                               c10::SymInt storage_offset,
+                               c10::SymIntArrayRef size,
+                               c10::SymIntArrayRef stride) {
+  auto offset = storage_offset.expect_int();
+  auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  auto strides = C10_AS_INTARRAYREF_SLOW(stride);
+  at::native::checkSetStorage(self, std::move(source), offset, sizes, strides);
+  self.unsafeGetTensorImpl()->set_storage_offset(offset);
+  std::optional<c10::IntArrayRef> stride_opt =
+      strides.data() != nullptr ? std::optional<c10::IntArrayRef>(strides)
+                                : std::nullopt;
+  resize_impl(self.unsafeGetTensorImpl(), sizes, stride_opt);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source) {
+  const auto numel =
+      static_cast<int64_t>(source.nbytes() / self.dtype().itemsize());
+  const std::vector<c10::SymInt> size{c10::SymInt(numel)};
+  return set_storage_offset(self, std::move(source), 0, size, {});
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.unsafeGetTensorImpl() == source.unsafeGetTensorImpl()) {
+    return self;
+  }
+  return set_storage_offset(self, source.storage(), source.sym_storage_offset(),
+                            source.sym_sizes(), source.sym_strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, device_allocator(),
+                       /*resizable=*/true);
+  const std::vector<c10::SymInt> size{c10::SymInt(0)};
+  return set_storage_offset(self, std::move(storage), 0, size, {});
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(),
+              " elements cannot be converted to Scalar");
+  // A device-to-host copy: waits for the producing work, like CUDA's .item().
+  at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
+  const c10::DeviceIndex device = self.device().index();
+  getCurrentStream(device).synchronize();
+  OPENREG_CHECK(orMemcpy(host.data_ptr(), self.const_data_ptr(),
+                         self.dtype().itemsize(), orMemcpyDeviceToHost));
+  host._set_conj(self.is_conj());
+  host._set_neg(self.is_neg());
+  return at::native::_local_scalar_dense_cpu(host.resolve_conj().resolve_neg());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("resize_", TORCH_FN(resize_));
+  m.impl("set_.source_Storage", TORCH_FN(set_storage));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
+  m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
+  m.impl("set_", TORCH_FN(set_empty));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+}
+
+}  // namespace openreg

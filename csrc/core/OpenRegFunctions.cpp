@@ -1,0 +1,96 @@
+#include "core/OpenRegFunctions.h"
+
+#include <pthread.h>
+
+#include <atomic>
+#include <mutex>
+
+#include "core/OpenRegException.h"
+
+namespace openreg {
+
+namespace {
+
+std::atomic<bool> g_initialized{false};
+std::atomic<bool> g_bad_fork{false};
+
+void on_fork_child() {
+  if (g_initialized.load()) {
+    g_bad_fork.store(true);
+  }
+}
+
+}  // namespace
+
+bool is_in_bad_fork() noexcept { return g_bad_fork.load(); }
+
+bool is_initialized() noexcept { return g_initialized.load(); }
+
+void lazy_init() {
+  TORCH_CHECK(!is_in_bad_fork(),
+              "Cannot re-initialize openreg in forked subprocess. To use "
+              "openreg with multiprocessing, you must use the 'spawn' start "
+              "method");
+  if (g_initialized.load(std::memory_order_acquire)) {
+    return;
+  }
+  static std::once_flag once;
+  std::call_once(once, [] {
+    OPENREG_CHECK(orInit());
+    pthread_atfork(nullptr, nullptr, on_fork_child);
+    g_initialized.store(true, std::memory_order_release);
+  });
+}
+
+c10::DeviceIndex device_count() noexcept {
+  static const c10::DeviceIndex count = [] {
+    int n = 0;
+    orError_t err = orGetDeviceCount(&n);
+    if (err != orSuccess) {
+      TORCH_WARN("openreg: no devices available: ", orGetErrorString(err));
+      return c10::DeviceIndex{0};
+    }
+    return static_cast<c10::DeviceIndex>(n);
+  }();
+  return count;
+}
+
+void check_device_index(c10::DeviceIndex device) {
+  c10::DeviceIndex count = device_count();
+  TORCH_CHECK(device >= 0 && device < count, "Invalid openreg device index ",
+              static_cast<int>(device), ": this machine has ",
+              static_cast<int>(count), " openreg device(s), valid indices are 0..",
+              static_cast<int>(count) - 1,
+              " (set OPENREG_DEVICE_COUNT to simulate more)");
+}
+
+c10::DeviceIndex current_device() {
+  lazy_init();
+  int device = 0;
+  OPENREG_CHECK(orGetDevice(&device));
+  return static_cast<c10::DeviceIndex>(device);
+}
+
+void set_device(c10::DeviceIndex device) {
+  check_device_index(device);
+  lazy_init();
+  OPENREG_CHECK(orSetDevice(device));
+}
+
+c10::DeviceIndex exchange_device(c10::DeviceIndex device) {
+  c10::DeviceIndex previous = current_device();
+  if (device != previous) {
+    set_device(device);
+  }
+  return previous;
+}
+
+c10::DeviceIndex maybe_exchange_device(c10::DeviceIndex device) {
+  return exchange_device(device);
+}
+
+void unchecked_set_device(c10::DeviceIndex device) noexcept {
+  OPENREG_CHECK_WARN(orSetDevice(device));
+}
+
+}  // namespace openreg

@@ -1,0 +1,43 @@
+// Device-level functions of the PyTorch layer: device count, current device,
+// and the checks that turn a bad index into a clear error.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <openreg.h>
+
+namespace openreg {
+
+// Number of devices; 0 if the runtime cannot start (never throws).
+c10::DeviceIndex device_count() noexcept;
+// Throws with the valid range if `device` is not a device of this machine.
+void check_device_index(c10::DeviceIndex device);
+c10::DeviceIndex current_device();
+void set_device(c10::DeviceIndex device);
+// Sets `device` current and returns the previous one.
+c10::DeviceIndex exchange_device(c10::DeviceIndex device);
+// CUDA only switches when the target already has a context; every openreg
+// device is ready once the runtime is, so this equals exchange_device.
+c10::DeviceIndex maybe_exchange_device(c10::DeviceIndex device);
+// Sets the device without throwing (for destructors); warns on failure.
+void unchecked_set_device(c10::DeviceIndex device) noexcept;
+// Initialises the runtime, or throws (bad environment, forked child).
+void lazy_init();
+bool is_initialized() noexcept;
+// True in a child forked after initialisation.
+bool is_in_bad_fork() noexcept;
+
+// Makes `device` current for the lifetime of the object (raw runtime calls,
+// for code below the c10 guard).
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(c10::DeviceIndex device)
+      : previous_(exchange_device(device)) {}
+  ~ScopedDevice() { unchecked_set_device(previous_); }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  c10::DeviceIndex previous_;
+};
+
+}  // namespace openreg

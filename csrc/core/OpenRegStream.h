@@ -1,0 +1,45 @@
+// openreg streams as seen by PyTorch: c10::Stream ids mapped to runtime
+// stream handles, a pool per device, and the thread-local current stream.
+//
+// Stream ids: 0 is the device's default stream; every other id indexes the
+// device's table of runtime streams (pool streams first, then streams made by
+// getNewStream). Ids are never reused, so a c10::Stream stays valid for the
+// life of the process. Thread-safe.
+#pragma once
+
+#include <c10/core/Stream.h>
+#include <openreg.h>
+
+namespace openreg {
+
+class OpenRegStream {
+ public:
+  explicit OpenRegStream(c10::Stream stream);
+
+  c10::Stream unwrap() const { return stream_; }
+  c10::DeviceIndex device_index() const { return stream_.device_index(); }
+  c10::StreamId id() const { return stream_.id(); }
+  // The runtime handle (never null).
+  orStream_t native() const;
+  int priority() const;
+  // True once all work enqueued so far has finished.
+  bool query() const;
+  void synchronize() const;
+
+ private:
+  c10::Stream stream_;
+};
+
+OpenRegStream getDefaultStream(c10::DeviceIndex device = -1);
+OpenRegStream getCurrentStream(c10::DeviceIndex device = -1);
+// Round-robin over a small pool of long-lived streams.
+OpenRegStream getStreamFromPool(bool high_priority = false,
+                                c10::DeviceIndex device = -1);
+// A new stream with the given priority (clamped into the device's range).
+OpenRegStream getNewStream(c10::DeviceIndex device, int priority);
+// Makes `stream` current for its device on this thread.
+void setCurrentStream(OpenRegStream stream);
+// The runtime handle behind a c10::Stream of type PrivateUse1.
+orStream_t native_stream(const c10::Stream& stream);
+
+}  // namespace openreg

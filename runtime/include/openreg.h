@@ -1,0 +1,271 @@
+/*
+ * openreg.h - the driver API of the openreg simulated accelerator.
+ *
+ * This is the only header the PyTorch layer (csrc/) may include from the
+ * runtime. It is a plain C ABI in the style of a GPU driver: opaque handles,
+ * every call returns an orError_t, orGetErrorString() explains a code.
+ *
+ * A vendor porting openreg to real hardware replaces the library behind this
+ * header and keeps everything above it.
+ *
+ * Simulated hardware
+ * ------------------
+ * - OPENREG_DEVICE_COUNT devices (default 2, 1..16).
+ * - Each device owns OPENREG_DEVICE_MEMORY bytes of memory (default 4 GiB,
+ *   suffixes K/M/G accepted). Physical pages are used only once touched.
+ * - Device memory is not accessible from host code: dereferencing a device
+ *   pointer on the host faults, and the runtime prints which device and
+ *   offset were touched before the process dies. Code that runs *as the
+ *   device* (kernels) reaches the same bytes through orGetKernelPointer().
+ * - Streams are in-order queues, each drained by its own worker thread.
+ *
+ * Thread-safety: every function may be called from any thread. The current
+ * device is thread-local, as in CUDA.
+ *
+ * Fork: after the runtime has been initialised, a forked child cannot use it;
+ * every call in the child returns orErrorInitializedInParent.
+ */
+#ifndef OPENREG_H_
+#define OPENREG_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define OPENREG_API __attribute__((visibility("default")))
+#else
+#define OPENREG_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Every function returns one of these. The numeric values are part of the
+ * ABI and never change. */
+typedef enum orError_t {
+  orSuccess = 0,
+  /* An argument is null, zero where it must not be, or out of range. */
+  orErrorInvalidValue = 1,
+  /* The device has not enough free memory for the request. */
+  orErrorMemoryAllocation = 2,
+  /* The runtime could not create its devices (bad environment variable,
+   * failed mmap, ...). */
+  orErrorInitializationError = 3,
+  /* A device ordinal is not in [0, device count). */
+  orErrorInvalidDevice = 4,
+  /* A pointer is not (the start of) a live device allocation where one is
+   * required, or a free was repeated. */
+  orErrorInvalidDevicePointer = 5,
+  /* The memcpy kind does not match where the pointers live. */
+  orErrorInvalidMemcpyDirection = 6,
+  /* Asynchronous work has not finished yet (from the query functions). */
+  orErrorNotReady = 7,
+  /* A stream or event handle is null where it must not be, destroyed, or
+   * belongs to another device than the operation requires. */
+  orErrorInvalidResourceHandle = 8,
+  /* A kernel launched on a stream reported a failure. */
+  orErrorLaunchFailure = 9,
+  /* The runtime was initialised in a parent process and this is a forked
+   * child; use the spawn start method instead. */
+  orErrorInitializedInParent = 10,
+  /* Elapsed time was requested from an event created with
+   * orEventDisableTiming, or from an event that was never recorded. */
+  orErrorInvalidEventTiming = 11,
+  /* The pointer is not a host allocation made by orMallocHost. */
+  orErrorInvalidHostPointer = 12,
+} orError_t;
+
+/* A static, human readable description of an error code ("out of memory").
+ * Never returns NULL; unknown codes give "unrecognized error code". */
+OPENREG_API const char* orGetErrorString(orError_t error);
+/* The enumerator's name ("orErrorMemoryAllocation"). Never returns NULL. */
+OPENREG_API const char* orGetErrorName(orError_t error);
+
+/* Creates the simulated devices now; otherwise the first call that needs
+ * them does. Idempotent. Fails with orErrorInitializationError on a bad
+ * environment and orErrorInitializedInParent in a forked child. */
+OPENREG_API orError_t orInit(void);
+
+/* Version of this runtime, as major * 1000 + minor * 10. */
+OPENREG_API orError_t orRuntimeGetVersion(int* version);
+
+/* ------------------------------------------------------------------------ */
+/* Devices                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef struct orDeviceProp {
+  char name[64];           /* "openreg simulated device" */
+  size_t totalGlobalMem;   /* capacity in bytes */
+  int major;               /* capability major version */
+  int minor;               /* capability minor version */
+  int multiProcessorCount; /* simulated compute units */
+  int pciBusID;            /* equals the device ordinal */
+  int streamPriorityLeast; /* numerically largest (lowest) priority */
+  int streamPriorityGreatest; /* numerically smallest (highest) priority */
+} orDeviceProp;
+
+/* Number of simulated devices. Only reads the configuration: it creates no
+ * device state, so a process may call it and then fork (the child can still
+ * use the runtime). Every other call initialises the devices on first use. */
+OPENREG_API orError_t orGetDeviceCount(int* count);
+/* Sets the calling thread's current device. */
+OPENREG_API orError_t orSetDevice(int device);
+/* The calling thread's current device (0 until orSetDevice is called). */
+OPENREG_API orError_t orGetDevice(int* device);
+OPENREG_API orError_t orGetDeviceProperties(orDeviceProp* prop, int device);
+/* Free and total memory of the current device, in bytes. */
+OPENREG_API orError_t orMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+/* Blocks until every stream of the current device has drained, then returns
+ * (and clears) the first kernel error reported on that device, if any. */
+OPENREG_API orError_t orDeviceSynchronize(void);
+/* Stream priorities accepted by orStreamCreateWithPriority: lower numbers are
+ * higher priority, as in CUDA. */
+OPENREG_API orError_t orDeviceGetStreamPriorityRange(int* least,
+                                                     int* greatest);
+
+/* ------------------------------------------------------------------------ */
+/* Memory                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Allocates size bytes on the current device. *ptr is set to NULL first.
+ * The address is aligned to 512 bytes and cannot be dereferenced by host
+ * code. size 0 gives *ptr == NULL and orSuccess. Returns
+ * orErrorMemoryAllocation when the device is full. Costs a lock and a map
+ * update, no system call: a caching allocator on top is still advised. */
+OPENREG_API orError_t orMalloc(void** ptr, size_t size);
+/* Frees an allocation made by orMalloc on any device. NULL is a no-op.
+ * Waits for nothing: the caller guarantees no queued work uses it. Returns
+ * the physical pages of the block to the system. */
+OPENREG_API orError_t orFree(void* ptr);
+/* Page-locked ("pinned") host memory: ordinary host memory the device can
+ * copy from asynchronously. *ptr is set to NULL first. */
+OPENREG_API orError_t orMallocHost(void** ptr, size_t size);
+OPENREG_API orError_t orFreeHost(void* ptr);
+
+typedef enum orMemoryType {
+  orMemoryTypeUnregistered = 0, /* ordinary (pageable) host memory */
+  orMemoryTypeHost = 1,         /* pinned host memory from orMallocHost */
+  orMemoryTypeDevice = 2,       /* device memory from orMalloc */
+} orMemoryType;
+
+typedef struct orPointerAttributes {
+  orMemoryType type;
+  int device;       /* owning device, -1 for host memory */
+  void* base;       /* start of the allocation that contains the pointer */
+  size_t size;      /* size of that allocation in bytes */
+} orPointerAttributes;
+
+/* Describes any pointer, including pointers into the middle of an
+ * allocation. Unknown pointers give orMemoryTypeUnregistered and orSuccess.
+ * A pointer inside a device's address range that is not part of a live
+ * allocation gives orErrorInvalidDevicePointer. */
+OPENREG_API orError_t orPointerGetAttributes(orPointerAttributes* attributes,
+                                             const void* ptr);
+
+typedef enum orMemcpyKind {
+  orMemcpyHostToHost = 0,
+  orMemcpyHostToDevice = 1,
+  orMemcpyDeviceToHost = 2,
+  orMemcpyDeviceToDevice = 3, /* also across devices */
+  orMemcpyDefault = 4,        /* inferred from the pointers */
+} orMemcpyKind;
+
+typedef struct orStream* orStream_t;
+typedef struct orEvent* orEvent_t;
+
+/* Synchronous copy: returns once the bytes have arrived. It is ordered after
+ * the work already queued on the default stream of the device(s) involved.
+ * Device ranges must lie inside live allocations. */
+OPENREG_API orError_t orMemcpy(void* dst, const void* src, size_t count,
+                               orMemcpyKind kind);
+/* Enqueues the copy on stream (NULL: the current device's default stream)
+ * and returns. With pageable host memory the call behaves like orMemcpy
+ * (it waits), as CUDA does; with pinned host memory or device-to-device it
+ * returns at once. */
+OPENREG_API orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
+                                    orMemcpyKind kind, orStream_t stream);
+/* Sets count bytes of device memory to value, synchronously. */
+OPENREG_API orError_t orMemset(void* dst, int value, size_t count);
+
+/* Translates a device address into the address at which code running as
+ * the device (a function launched on a stream, or an inline kernel) reads
+ * and writes the same bytes. Never dereference the result outside of such
+ * device code: it is how the simulator implements kernels, not a way around
+ * the isolation of device memory. The pointer must lie inside a device's
+ * address range; no allocation lookup is made (this is the hot path). */
+OPENREG_API orError_t orGetKernelPointer(void** kernel_ptr,
+                                         const void* device_ptr);
+
+/* ------------------------------------------------------------------------ */
+/* Streams                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Each device has a default stream (what NULL means) that always exists. */
+OPENREG_API orError_t orDeviceGetDefaultStream(int device, orStream_t* stream);
+/* Creates a stream on the current device with priority 0. */
+OPENREG_API orError_t orStreamCreate(orStream_t* stream);
+/* priority is clamped into the device's range, as CUDA does. */
+OPENREG_API orError_t orStreamCreateWithPriority(orStream_t* stream,
+                                                 int priority);
+/* Waits for the stream's queued work, then destroys it. Destroying a
+ * default stream is orErrorInvalidResourceHandle. */
+OPENREG_API orError_t orStreamDestroy(orStream_t stream);
+OPENREG_API orError_t orStreamGetPriority(orStream_t stream, int* priority);
+OPENREG_API orError_t orStreamGetDevice(orStream_t stream, int* device);
+/* orSuccess once all work enqueued before the call has *finished*,
+ * orErrorNotReady before that. */
+OPENREG_API orError_t orStreamQuery(orStream_t stream);
+/* Blocks until all work enqueued before the call has finished. Returns (and
+ * clears) the first kernel error reported on the stream. */
+OPENREG_API orError_t orStreamSynchronize(orStream_t stream);
+/* Work enqueued on stream after this call waits until the event's most
+ * recent record has completed. An event never recorded is a no-op. The
+ * event may belong to another device. */
+OPENREG_API orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event);
+
+/* A kernel: it runs on the stream's worker thread in stream order. It
+ * returns 0 on success; a nonzero return marks a launch failure that the
+ * next synchronisation of the stream (or device) reports. */
+typedef int (*orKernelFn)(void* user_data);
+/* Enqueues fn(user_data) on stream and returns. */
+OPENREG_API orError_t orLaunchKernel(orStream_t stream, orKernelFn fn,
+                                     void* user_data);
+
+/* ------------------------------------------------------------------------ */
+/* Events                                                                   */
+/* ------------------------------------------------------------------------ */
+
+enum {
+  orEventDefault = 0,
+  orEventDisableTiming = 2,
+};
+
+/* Creates an event on the current device. flags: orEventDefault or
+ * orEventDisableTiming. */
+OPENREG_API orError_t orEventCreateWithFlags(orEvent_t* event,
+                                             unsigned int flags);
+OPENREG_API orError_t orEventCreate(orEvent_t* event);
+OPENREG_API orError_t orEventDestroy(orEvent_t event);
+/* Captures the work enqueued on stream so far. The stream must be on the
+ * event's device (orErrorInvalidResourceHandle otherwise). */
+OPENREG_API orError_t orEventRecord(orEvent_t event, orStream_t stream);
+/* orSuccess if the captured work has finished (or the event was never
+ * recorded), orErrorNotReady otherwise. */
+OPENREG_API orError_t orEventQuery(orEvent_t event);
+OPENREG_API orError_t orEventSynchronize(orEvent_t event);
+/* Milliseconds between the completions of two recorded events. Both must
+ * have timing enabled and have completed (orErrorNotReady otherwise). */
+OPENREG_API orError_t orEventElapsedTime(float* ms, orEvent_t start,
+                                         orEvent_t end);
+OPENREG_API orError_t orEventGetDevice(orEvent_t event, int* device);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* OPENREG_H_ */

@@ -1,0 +1,333 @@
+// Runtime state, initialisation from the environment, fork detection, and
+// the device-level API.
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "runtime_internal.h"
+
+namespace openreg_rt {
+
+std::atomic<bool> g_forked{false};
+
+namespace {
+
+constexpr int kDefaultDeviceCount = 2;
+constexpr int kMaxDeviceCount = 16;
+constexpr size_t kDefaultCapacity = size_t{4} << 30;  // 4 GiB per device
+constexpr size_t kMinCapacity = size_t{1} << 20;       // 1 MiB
+constexpr int kPriorityLeast = 0;
+constexpr int kPriorityGreatest = -1;
+
+thread_local int t_current_device = 0;
+
+// Parses "123", "64K", "512M", "4G" (binary units). Returns false if bad.
+bool parse_bytes(const char* text, size_t* out) {
+  // strtoull would accept leading blanks and a sign, and wraps "-1" to
+  // 2^64 - 1: only a plain decimal number is a size.
+  if (*text < '0' || *text > '9') {
+    return false;
+  }
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long value = std::strtoull(text, &end, 10);
+  if (errno != 0 || end == text) {
+    return false;
+  }
+  size_t shift = 0;
+  if (*end == 'K' || *end == 'k') {
+    shift = 10;
+  } else if (*end == 'M' || *end == 'm') {
+    shift = 20;
+  } else if (*end == 'G' || *end == 'g') {
+    shift = 30;
+  } else if (*end != '\0') {
+    return false;
+  }
+  if (shift != 0) {
+    ++end;
+    // "K", "KB", "Ki", "KiB" (binary units in every spelling).
+    if (*end == 'i' || *end == 'I') {
+      ++end;
+    }
+    if (*end == 'B' || *end == 'b') {
+      ++end;
+    }
+  }
+  // Half the address space is more than any mapping can get, and the limit
+  // leaves room for the caller's rounding up to whole pages.
+  constexpr unsigned long long kMaxBytes = ~0ULL >> 1;
+  if (*end != '\0' || value > (kMaxBytes >> shift)) {
+    return false;
+  }
+  *out = static_cast<size_t>(value) << shift;
+  return true;
+}
+
+// Creates the memfd arena and its two mappings. Releases what it made on
+// failure.
+orError_t create_device(int index, size_t capacity,
+                        std::unique_ptr<Device>* out) {
+  auto dev = std::make_unique<Device>();
+  dev->index = index;
+  dev->capacity = capacity;
+  std::string name = "openreg-device-" + std::to_string(index);
+  dev->fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (dev->fd < 0) {
+    std::fprintf(stderr, "openreg: memfd_create failed: %s\n",
+                 std::strerror(errno));
+    return orErrorInitializationError;
+  }
+  auto fail = [&dev](const char* what) {
+    std::fprintf(stderr, "openreg: %s failed for device %d: %s\n", what,
+                 dev->index, std::strerror(errno));
+    if (dev->device_base != nullptr) {
+      munmap(dev->device_base, dev->capacity);
+    }
+    if (dev->kernel_base != nullptr) {
+      munmap(dev->kernel_base, dev->capacity);
+    }
+    close(dev->fd);
+    return orErrorInitializationError;
+  };
+  if (ftruncate(dev->fd, static_cast<off_t>(capacity)) != 0) {
+    return fail("ftruncate");
+  }
+  void* device_view = mmap(nullptr, capacity, PROT_NONE,
+                           MAP_SHARED | MAP_NORESERVE, dev->fd, 0);
+  if (device_view == MAP_FAILED) {
+    return fail("mmap (device view)");
+  }
+  dev->device_base = static_cast<char*>(device_view);
+  void* kernel_view = mmap(nullptr, capacity, PROT_READ | PROT_WRITE,
+                           MAP_SHARED | MAP_NORESERVE, dev->fd, 0);
+  if (kernel_view == MAP_FAILED) {
+    return fail("mmap (kernel view)");
+  }
+  dev->kernel_base = static_cast<char*>(kernel_view);
+  dev->free_ranges.emplace(0, capacity);
+  dev->default_stream = new Stream(dev.get(), kPriorityLeast, true);
+  *out = std::move(dev);
+  return orSuccess;
+}
+
+void on_fork_child() { g_forked.store(true, std::memory_order_relaxed); }
+
+// The configuration read from the environment. Reading it creates nothing,
+// so orGetDeviceCount is safe before a fork (like cudaGetDeviceCount).
+struct Config {
+  orError_t status = orErrorInitializationError;
+  int count = kDefaultDeviceCount;
+  size_t capacity = kDefaultCapacity;
+};
+
+const Config& config() {
+  static const Config cfg = [] {
+    Config c;
+    if (const char* env = std::getenv("OPENREG_DEVICE_COUNT")) {
+      char* end = nullptr;
+      long v = std::strtol(env, &end, 10);
+      if (end == env || *end != '\0' || v < 1 || v > kMaxDeviceCount) {
+        std::fprintf(stderr,
+                     "openreg: OPENREG_DEVICE_COUNT='%s' is not a number in "
+                     "[1, %d]\n",
+                     env, kMaxDeviceCount);
+        return c;
+      }
+      c.count = static_cast<int>(v);
+    }
+    if (const char* env = std::getenv("OPENREG_DEVICE_MEMORY")) {
+      if (!parse_bytes(env, &c.capacity) || c.capacity < kMinCapacity) {
+        std::fprintf(stderr,
+                     "openreg: OPENREG_DEVICE_MEMORY='%s' is not a size of at "
+                     "least 1M (examples: 1073741824, 512M, 4G)\n",
+                     env);
+        return c;
+      }
+    }
+    size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    c.capacity = (c.capacity + page - 1) / page * page;
+    c.status = orSuccess;
+    return c;
+  }();
+  return cfg;
+}
+
+struct InitState {
+  orError_t status = orErrorInitializationError;
+  Runtime* rt = nullptr;
+};
+
+// Creates the devices on first use. From here on a forked child may not use
+// the runtime: the arenas are shared mappings and the stream workers do not
+// exist in the child.
+InitState& init_state() {
+  static InitState* state = [] {
+    auto* s = new InitState();  // leaked: worker threads outlive main()
+    const Config& cfg = config();
+    if (cfg.status != orSuccess) {
+      s->status = cfg.status;
+      return s;
+    }
+    auto* rt = new Runtime();
+    rt->capacity = cfg.capacity;
+    for (int i = 0; i < cfg.count; ++i) {
+      std::unique_ptr<Device> dev;
+      if (create_device(i, cfg.capacity, &dev) != orSuccess) {
+        return s;
+      }
+      rt->devices.push_back(std::move(dev));
+    }
+    install_fault_handler(rt);
+    pthread_atfork(nullptr, nullptr, on_fork_child);
+    s->rt = rt;
+    s->status = orSuccess;
+    return s;
+  }();
+  return *state;
+}
+
+}  // namespace
+
+orError_t ensure_init() {
+  if (g_forked.load(std::memory_order_relaxed)) {
+    return orErrorInitializedInParent;
+  }
+  return init_state().status;
+}
+
+Runtime& runtime() { return *init_state().rt; }
+
+Device* device_at(int index) {
+  auto& devs = runtime().devices;
+  if (index < 0 || index >= static_cast<int>(devs.size())) {
+    return nullptr;
+  }
+  return devs[static_cast<size_t>(index)].get();
+}
+
+Device* device_of(const void* p) {
+  for (auto& dev : runtime().devices) {
+    if (dev->contains(p)) {
+      return dev.get();
+    }
+  }
+  return nullptr;
+}
+
+int current_device() { return t_current_device; }
+
+}  // namespace openreg_rt
+
+using namespace openreg_rt;
+
+extern "C" {
+
+orError_t orInit(void) { return ensure_init(); }
+
+orError_t orRuntimeGetVersion(int* version) {
+  if (version == nullptr) {
+    return orErrorInvalidValue;
+  }
+  *version = 1000;
+  return orSuccess;
+}
+
+orError_t orGetDeviceCount(int* count) {
+  if (count == nullptr) {
+    return orErrorInvalidValue;
+  }
+  *count = 0;
+  if (g_forked.load(std::memory_order_relaxed)) {
+    return orErrorInitializedInParent;
+  }
+  // Only reads the configuration: creates no device state.
+  const Config& cfg = config();
+  OR_RETURN_IF_ERROR(cfg.status);
+  *count = cfg.count;
+  return orSuccess;
+}
+
+orError_t orSetDevice(int device) {
+  OR_RETURN_IF_ERROR(ensure_init());
+  if (device_at(device) == nullptr) {
+    return orErrorInvalidDevice;
+  }
+  t_current_device = device;
+  return orSuccess;
+}
+
+orError_t orGetDevice(int* device) {
+  if (device == nullptr) {
+    return orErrorInvalidValue;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  *device = t_current_device;
+  return orSuccess;
+}
+
+orError_t orGetDeviceProperties(orDeviceProp* prop, int device) {
+  if (prop == nullptr) {
+    return orErrorInvalidValue;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  Device* dev = device_at(device);
+  if (dev == nullptr) {
+    return orErrorInvalidDevice;
+  }
+  std::memset(prop, 0, sizeof(*prop));
+  std::snprintf(prop->name, sizeof(prop->name), "openreg simulated device");
+  prop->totalGlobalMem = dev->capacity;
+  prop->major = 1;
+  prop->minor = 0;
+  prop->multiProcessorCount = 1;
+  prop->pciBusID = device;
+  prop->streamPriorityLeast = kPriorityLeast;
+  prop->streamPriorityGreatest = kPriorityGreatest;
+  return orSuccess;
+}
+
+orError_t orMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  if (free_bytes == nullptr || total_bytes == nullptr) {
+    return orErrorInvalidValue;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  Device* dev = device_at(t_current_device);
+  std::lock_guard<std::mutex> lock(dev->mem_mutex);
+  *total_bytes = dev->capacity;
+  *free_bytes = dev->capacity - dev->used;
+  return orSuccess;
+}
+
+orError_t orDeviceSynchronize(void) {
+  OR_RETURN_IF_ERROR(ensure_init());
+  Device* dev = device_at(t_current_device);
+  // Holding the registry lock keeps every stream alive while we wait; stream
+  // workers never take it, so this cannot deadlock.
+  std::lock_guard<std::mutex> lock(dev->streams_mutex);
+  orError_t first = orSuccess;
+  for (Stream* s : dev->streams) {
+    orError_t err = s->synchronize();
+    if (first == orSuccess) {
+      first = err;
+    }
+  }
+  return first;
+}
+
+orError_t orDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  if (least == nullptr || greatest == nullptr) {
+    return orErrorInvalidValue;
+  }
+  *least = kPriorityLeast;
+  *greatest = kPriorityGreatest;
+  return orSuccess;
+}
+
+}  // extern "C"

@@ -1,0 +1,62 @@
+// Error strings of the openreg runtime.
+#include <openreg.h>
+
+namespace {
+
+struct ErrorInfo {
+  orError_t code;
+  const char* name;
+  const char* text;
+};
+
+constexpr ErrorInfo kErrors[] = {
+    {orSuccess, "orSuccess", "no error"},
+    {orErrorInvalidValue, "orErrorInvalidValue",
+     "invalid argument (null pointer, zero or out-of-range value)"},
+    {orErrorMemoryAllocation, "orErrorMemoryAllocation", "out of memory"},
+    {orErrorInitializationError, "orErrorInitializationError",
+     "openreg runtime initialization failed (check OPENREG_DEVICE_COUNT and "
+     "OPENREG_DEVICE_MEMORY)"},
+    {orErrorInvalidDevice, "orErrorInvalidDevice", "invalid device ordinal"},
+    {orErrorInvalidDevicePointer, "orErrorInvalidDevicePointer",
+     "invalid device pointer (not a live device allocation, or freed twice)"},
+    {orErrorInvalidMemcpyDirection, "orErrorInvalidMemcpyDirection",
+     "memcpy kind does not match the memory the pointers refer to"},
+    {orErrorNotReady, "orErrorNotReady", "device work not yet completed"},
+    {orErrorInvalidResourceHandle, "orErrorInvalidResourceHandle",
+     "invalid stream or event handle (null, destroyed, or on another device)"},
+    {orErrorLaunchFailure, "orErrorLaunchFailure",
+     "a kernel launched on the device failed"},
+    {orErrorInitializedInParent, "orErrorInitializedInParent",
+     "openreg was initialized in the parent process and cannot be used in a "
+     "forked child; use the 'spawn' start method"},
+    {orErrorInvalidEventTiming, "orErrorInvalidEventTiming",
+     "event has timing disabled or was never recorded"},
+    {orErrorInvalidHostPointer, "orErrorInvalidHostPointer",
+     "not a pinned host allocation from orMallocHost (or freed twice)"},
+};
+
+const ErrorInfo* find(orError_t error) {
+  for (const auto& info : kErrors) {
+    if (info.code == error) {
+      return &info;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* orGetErrorString(orError_t error) {
+  const ErrorInfo* info = find(error);
+  return info ? info->text : "unrecognized error code";
+}
+
+const char* orGetErrorName(orError_t error) {
+  const ErrorInfo* info = find(error);
+  return info ? info->name : "unrecognized error code";
+}
+
+}  // extern "C"

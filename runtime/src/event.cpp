@@ -1,0 +1,186 @@
+// Events: markers recorded into a stream's queue.
+#include <chrono>
+#include <set>
+
+#include "runtime_internal.h"
+
+using namespace openreg_rt;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Shared between the handle and the tasks that record into it, so destroying
+// an event with a record still queued is safe.
+struct EventState {
+  std::mutex mu;  // guards the fields below
+  std::condition_variable cv;
+  uint64_t recorded = 0;  // version of the latest orEventRecord
+  // Versions recorded but not completed yet. Records on different streams
+  // may complete out of order, so "a later version finished" does not mean
+  // an earlier one did: each waiter waits for its own version.
+  std::set<uint64_t> pending;
+  uint64_t latest_done = 0;  // highest version whose work has finished
+  Clock::time_point when;    // completion time of `latest_done`
+
+  bool done_locked(uint64_t version) const {
+    return pending.count(version) == 0;
+  }
+};
+
+}  // namespace
+
+struct orEvent {
+  Device* dev;
+  bool timing;
+  std::shared_ptr<EventState> state;
+};
+
+extern "C" {
+
+orError_t orEventCreateWithFlags(orEvent_t* event, unsigned int flags) {
+  if (event == nullptr) {
+    return orErrorInvalidValue;
+  }
+  *event = nullptr;
+  if ((flags & ~static_cast<unsigned int>(orEventDisableTiming)) != 0) {
+    return orErrorInvalidValue;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  *event = new orEvent{device_at(current_device()),
+                       (flags & orEventDisableTiming) == 0,
+                       std::make_shared<EventState>()};
+  return orSuccess;
+}
+
+orError_t orEventCreate(orEvent_t* event) {
+  return orEventCreateWithFlags(event, orEventDefault);
+}
+
+orError_t orEventDestroy(orEvent_t event) {
+  if (event == nullptr) {
+    return orErrorInvalidResourceHandle;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  delete event;
+  return orSuccess;
+}
+
+orError_t orEventRecord(orEvent_t event, orStream_t stream) {
+  if (event == nullptr) {
+    return orErrorInvalidResourceHandle;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  if (stream == nullptr) {
+    stream = device_at(current_device())->default_stream;
+  }
+  if (stream->device() != event->dev) {
+    return orErrorInvalidResourceHandle;
+  }
+  std::shared_ptr<EventState> st = event->state;
+  uint64_t version = 0;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    version = ++st->recorded;
+    st->pending.insert(version);
+  }
+  stream->enqueue([st, version] {
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      st->pending.erase(version);
+      if (version > st->latest_done) {
+        st->latest_done = version;
+        st->when = Clock::now();
+      }
+    }
+    st->cv.notify_all();
+  });
+  return orSuccess;
+}
+
+orError_t orEventQuery(orEvent_t event) {
+  if (event == nullptr) {
+    return orErrorInvalidResourceHandle;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  std::lock_guard<std::mutex> lock(event->state->mu);
+  return event->state->done_locked(event->state->recorded) ? orSuccess
+                                                           : orErrorNotReady;
+}
+
+orError_t orEventSynchronize(orEvent_t event) {
+  if (event == nullptr) {
+    return orErrorInvalidResourceHandle;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  EventState& st = *event->state;
+  std::unique_lock<std::mutex> lock(st.mu);
+  uint64_t target = st.recorded;
+  st.cv.wait(lock, [&] { return st.done_locked(target); });
+  return orSuccess;
+}
+
+orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event) {
+  if (event == nullptr) {
+    return orErrorInvalidResourceHandle;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  if (stream == nullptr) {
+    stream = device_at(current_device())->default_stream;
+  }
+  std::shared_ptr<EventState> st = event->state;
+  uint64_t target = 0;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    target = st->recorded;
+    if (st->done_locked(target)) {
+      return orSuccess;  // nothing pending: no wait needed
+    }
+  }
+  stream->enqueue([st, target] {
+    std::unique_lock<std::mutex> lock(st->mu);
+    st->cv.wait(lock, [&] { return st->done_locked(target); });
+  });
+  return orSuccess;
+}
+
+orError_t orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
+  if (ms == nullptr) {
+    return orErrorInvalidValue;
+  }
+  if (start == nullptr || end == nullptr) {
+    return orErrorInvalidResourceHandle;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  if (!start->timing || !end->timing) {
+    return orErrorInvalidEventTiming;
+  }
+  Clock::time_point t0;
+  Clock::time_point t1;
+  for (auto [ev, out] : {std::pair{start, &t0}, std::pair{end, &t1}}) {
+    std::lock_guard<std::mutex> lock(ev->state->mu);
+    if (ev->state->recorded == 0) {
+      return orErrorInvalidEventTiming;
+    }
+    if (!ev->state->done_locked(ev->state->recorded)) {
+      return orErrorNotReady;
+    }
+    *out = ev->state->when;
+  }
+  *ms = std::chrono::duration<float, std::milli>(t1 - t0).count();
+  return orSuccess;
+}
+
+orError_t orEventGetDevice(orEvent_t event, int* device) {
+  if (event == nullptr) {
+    return orErrorInvalidResourceHandle;
+  }
+  if (device == nullptr) {
+    return orErrorInvalidValue;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  *device = event->dev->index;
+  return orSuccess;
+}
+
+}  // extern "C"

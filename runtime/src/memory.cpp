@@ -1,0 +1,315 @@
+// Device memory: a first-fit-by-size (best fit) sub-allocator over each
+// device's arena, pointer attributes, memcpy and memset.
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "runtime_internal.h"
+
+namespace openreg_rt {
+
+namespace {
+
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+size_t page_size() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// Returns the physical pages of the whole pages inside [begin, end) of the
+// arena to the system. The range must be free.
+void release_pages(Device& dev, size_t begin, size_t end) {
+  size_t first = round_up(begin, page_size());
+  size_t last = end / page_size() * page_size();
+  if (last <= first) {
+    return;
+  }
+  if (fallocate(dev.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                static_cast<off_t>(first), static_cast<off_t>(last - first)) !=
+      0) {
+    // Not fatal: the memory stays resident but remains correct.
+    std::perror("openreg: fallocate(PUNCH_HOLE)");
+  }
+}
+
+// Finds the live block containing p. Caller holds dev.mem_mutex.
+bool find_live(Device& dev, const void* p, size_t* base, size_t* size) {
+  size_t off = static_cast<size_t>(static_cast<const char*>(p) - dev.device_base);
+  auto it = dev.live.upper_bound(off);
+  if (it == dev.live.begin()) {
+    return false;
+  }
+  --it;
+  if (off >= it->first + it->second) {
+    return false;
+  }
+  *base = it->first;
+  *size = it->second;
+  return true;
+}
+
+}  // namespace
+
+bool range_is_live(Device& dev, const void* p, size_t n) {
+  std::lock_guard<std::mutex> lock(dev.mem_mutex);
+  size_t base = 0;
+  size_t size = 0;
+  if (!find_live(dev, p, &base, &size)) {
+    return false;
+  }
+  size_t off = static_cast<size_t>(static_cast<const char*>(p) - dev.device_base);
+  // off lies in [base, base + size), so the subtraction cannot wrap; the
+  // obvious `off + n <= base + size` overflows for huge n.
+  return n <= base + size - off;
+}
+
+void* kernel_ptr(Device& dev, const void* p) {
+  return dev.kernel_base + (static_cast<const char*>(p) - dev.device_base);
+}
+
+}  // namespace openreg_rt
+
+using namespace openreg_rt;
+
+namespace {
+
+enum class Where { kHost, kDevice, kBadDevice };
+
+struct Side {
+  Where where;
+  Device* dev;
+};
+
+Side classify(const void* p, size_t n) {
+  Device* dev = device_of(p);
+  if (dev == nullptr) {
+    return {Where::kHost, nullptr};
+  }
+  return {range_is_live(*dev, p, n) ? Where::kDevice : Where::kBadDevice, dev};
+}
+
+// Validates a copy. On success, *src_dev / *dst_dev are the devices involved
+// (nullptr for host sides).
+orError_t check_copy(void* dst, const void* src, size_t count,
+                     orMemcpyKind kind, Device** dst_dev, Device** src_dev) {
+  if (dst == nullptr || src == nullptr) {
+    return count == 0 ? orSuccess : orErrorInvalidValue;
+  }
+  if (kind < orMemcpyHostToHost || kind > orMemcpyDefault) {
+    return orErrorInvalidMemcpyDirection;
+  }
+  Side d = classify(dst, count);
+  Side s = classify(src, count);
+  if (d.where == Where::kBadDevice || s.where == Where::kBadDevice) {
+    return orErrorInvalidDevicePointer;
+  }
+  bool dst_is_dev = d.where == Where::kDevice;
+  bool src_is_dev = s.where == Where::kDevice;
+  if (kind != orMemcpyDefault) {
+    bool want_dst = kind == orMemcpyHostToDevice ||
+                    kind == orMemcpyDeviceToDevice;
+    bool want_src = kind == orMemcpyDeviceToHost ||
+                    kind == orMemcpyDeviceToDevice;
+    if (want_dst != dst_is_dev || want_src != src_is_dev) {
+      return orErrorInvalidMemcpyDirection;
+    }
+  }
+  *dst_dev = d.dev;
+  *src_dev = s.dev;
+  return orSuccess;
+}
+
+void do_copy(void* dst, const void* src, size_t count, Device* dst_dev,
+             Device* src_dev) {
+  void* d = dst_dev ? kernel_ptr(*dst_dev, dst) : dst;
+  const void* s = src_dev ? kernel_ptr(*src_dev, src) : src;
+  std::memmove(d, s, count);
+}
+
+}  // namespace
+
+extern "C" {
+
+orError_t orMalloc(void** ptr, size_t size) {
+  if (ptr == nullptr) {
+    return orErrorInvalidValue;
+  }
+  *ptr = nullptr;
+  OR_RETURN_IF_ERROR(ensure_init());
+  if (size == 0) {
+    return orSuccess;
+  }
+  Device* dev = device_at(current_device());
+  if (size > dev->capacity) {
+    return orErrorMemoryAllocation;
+  }
+  size_t need = round_up(size, kAllocAlignment);
+  std::lock_guard<std::mutex> lock(dev->mem_mutex);
+  // Best fit: the smallest free range that holds the request.
+  auto best = dev->free_ranges.end();
+  for (auto it = dev->free_ranges.begin(); it != dev->free_ranges.end();
+       ++it) {
+    if (it->second >= need &&
+        (best == dev->free_ranges.end() || it->second < best->second)) {
+      best = it;
+      if (it->second == need) {
+        break;
+      }
+    }
+  }
+  if (best == dev->free_ranges.end()) {
+    return orErrorMemoryAllocation;
+  }
+  size_t offset = best->first;
+  size_t rest = best->second - need;
+  dev->free_ranges.erase(best);
+  if (rest != 0) {
+    dev->free_ranges.emplace(offset + need, rest);
+  }
+  dev->live.emplace(offset, need);
+  dev->used += need;
+  *ptr = dev->device_base + offset;
+  return orSuccess;
+}
+
+orError_t orFree(void* ptr) {
+  if (ptr == nullptr) {
+    return orSuccess;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  Device* dev = device_of(ptr);
+  if (dev == nullptr) {
+    return orErrorInvalidDevicePointer;
+  }
+  size_t offset = static_cast<size_t>(static_cast<char*>(ptr) - dev->device_base);
+  std::lock_guard<std::mutex> lock(dev->mem_mutex);
+  auto it = dev->live.find(offset);
+  if (it == dev->live.end()) {
+    return orErrorInvalidDevicePointer;
+  }
+  size_t begin = offset;
+  size_t end = offset + it->second;
+  dev->used -= it->second;
+  dev->live.erase(it);
+  // Merge with the free neighbours.
+  auto next = dev->free_ranges.lower_bound(begin);
+  if (next != dev->free_ranges.end() && next->first == end) {
+    end += next->second;
+    next = dev->free_ranges.erase(next);
+  }
+  if (next != dev->free_ranges.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == begin) {
+      begin = prev->first;
+      dev->free_ranges.erase(prev);
+    }
+  }
+  dev->free_ranges.emplace(begin, end - begin);
+  release_pages(*dev, begin, end);
+  return orSuccess;
+}
+
+orError_t orPointerGetAttributes(orPointerAttributes* attributes,
+                                 const void* ptr) {
+  if (attributes == nullptr) {
+    return orErrorInvalidValue;
+  }
+  std::memset(attributes, 0, sizeof(*attributes));
+  attributes->device = -1;
+  OR_RETURN_IF_ERROR(ensure_init());
+  if (ptr == nullptr) {
+    return orSuccess;
+  }
+  if (Device* dev = device_of(ptr)) {
+    size_t base = 0;
+    size_t size = 0;
+    std::lock_guard<std::mutex> lock(dev->mem_mutex);
+    if (!find_live(*dev, ptr, &base, &size)) {
+      return orErrorInvalidDevicePointer;
+    }
+    attributes->type = orMemoryTypeDevice;
+    attributes->device = dev->index;
+    attributes->base = dev->device_base + base;
+    attributes->size = size;
+    return orSuccess;
+  }
+  return host_attributes(attributes, ptr);
+}
+
+orError_t orMemcpy(void* dst, const void* src, size_t count,
+                   orMemcpyKind kind) {
+  OR_RETURN_IF_ERROR(ensure_init());
+  Device* dst_dev = nullptr;
+  Device* src_dev = nullptr;
+  OR_RETURN_IF_ERROR(check_copy(dst, src, count, kind, &dst_dev, &src_dev));
+  if (count == 0) {
+    return orSuccess;
+  }
+  // Ordered after the work queued on the default streams involved.
+  if (dst_dev != nullptr) {
+    OR_RETURN_IF_ERROR(dst_dev->default_stream->synchronize());
+  }
+  if (src_dev != nullptr && src_dev != dst_dev) {
+    OR_RETURN_IF_ERROR(src_dev->default_stream->synchronize());
+  }
+  do_copy(dst, src, count, dst_dev, src_dev);
+  return orSuccess;
+}
+
+orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
+                        orMemcpyKind kind, orStream_t stream) {
+  OR_RETURN_IF_ERROR(ensure_init());
+  Device* dst_dev = nullptr;
+  Device* src_dev = nullptr;
+  OR_RETURN_IF_ERROR(check_copy(dst, src, count, kind, &dst_dev, &src_dev));
+  if (stream == nullptr) {
+    stream = device_at(current_device())->default_stream;
+  }
+  if (count == 0) {
+    return orSuccess;
+  }
+  bool pageable = (dst_dev == nullptr && !host_range_is_pinned(dst, count)) ||
+                  (src_dev == nullptr && !host_range_is_pinned(src, count));
+  if (pageable) {
+    // CUDA semantics: a copy to or from pageable memory is synchronous.
+    OR_RETURN_IF_ERROR(stream->synchronize());
+    do_copy(dst, src, count, dst_dev, src_dev);
+    return orSuccess;
+  }
+  stream->enqueue([=] { do_copy(dst, src, count, dst_dev, src_dev); });
+  return orSuccess;
+}
+
+orError_t orMemset(void* dst, int value, size_t count) {
+  OR_RETURN_IF_ERROR(ensure_init());
+  if (dst == nullptr) {
+    return count == 0 ? orSuccess : orErrorInvalidValue;
+  }
+  Device* dev = device_of(dst);
+  if (dev == nullptr || !range_is_live(*dev, dst, count)) {
+    return orErrorInvalidDevicePointer;
+  }
+  OR_RETURN_IF_ERROR(dev->default_stream->synchronize());
+  std::memset(kernel_ptr(*dev, dst), value, count);
+  return orSuccess;
+}
+
+orError_t orGetKernelPointer(void** kernel_ptr_out, const void* device_ptr) {
+  if (kernel_ptr_out == nullptr) {
+    return orErrorInvalidValue;
+  }
+  *kernel_ptr_out = nullptr;
+  OR_RETURN_IF_ERROR(ensure_init());
+  Device* dev = device_of(device_ptr);
+  if (dev == nullptr) {
+    return orErrorInvalidDevicePointer;
+  }
+  *kernel_ptr_out = kernel_ptr(*dev, device_ptr);
+  return orSuccess;
+}
+
+}  // extern "C"

@@ -1,0 +1,186 @@
+// Streams: in-order queues, each drained by one worker thread.
+#include "runtime_internal.h"
+
+using openreg_rt::Device;
+
+orStream::orStream(Device* dev, int priority, bool is_default)
+    : dev_(dev), priority_(priority), is_default_(is_default) {
+  std::lock_guard<std::mutex> lock(dev_->streams_mutex);
+  dev_->streams.insert(this);
+}
+
+orStream::~orStream() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  if (worker_.joinable()) {
+    worker_.join();
+  }
+}
+
+void orStream::enqueue(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(task));
+    ++enqueued_;
+    if (!worker_.joinable()) {
+      worker_ = std::thread([this] { run(); });
+    }
+  }
+  work_cv_.notify_one();
+}
+
+bool orStream::idle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return completed_ == enqueued_;
+}
+
+orError_t orStream::synchronize() {
+  std::unique_lock<std::mutex> lock(mu_);
+  uint64_t target = enqueued_;
+  done_cv_.wait(lock, [&] { return completed_ >= target; });
+  orError_t err = error_;
+  error_ = orSuccess;
+  return err;
+}
+
+void orStream::record_error(orError_t err) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_ == orSuccess) {
+    error_ = err;
+  }
+}
+
+void orStream::run() {
+  // Kernels run with the stream's device current, as they would on hardware.
+  orSetDevice(dev_->index);
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) {
+      return;  // stop_ and drained
+    }
+    std::function<void()> task = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    task();
+    task = nullptr;  // release captures before reporting completion
+    lock.lock();
+    ++completed_;
+    done_cv_.notify_all();
+  }
+}
+
+using namespace openreg_rt;
+
+namespace {
+
+orError_t resolve(orStream_t* stream) {
+  if (*stream == nullptr) {
+    *stream = device_at(current_device())->default_stream;
+  }
+  return orSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+orError_t orDeviceGetDefaultStream(int device, orStream_t* stream) {
+  if (stream == nullptr) {
+    return orErrorInvalidValue;
+  }
+  *stream = nullptr;
+  OR_RETURN_IF_ERROR(ensure_init());
+  Device* dev = device_at(device);
+  if (dev == nullptr) {
+    return orErrorInvalidDevice;
+  }
+  *stream = dev->default_stream;
+  return orSuccess;
+}
+
+orError_t orStreamCreateWithPriority(orStream_t* stream, int priority) {
+  if (stream == nullptr) {
+    return orErrorInvalidValue;
+  }
+  *stream = nullptr;
+  OR_RETURN_IF_ERROR(ensure_init());
+  int least = 0;
+  int greatest = 0;
+  orDeviceGetStreamPriorityRange(&least, &greatest);
+  priority = priority > least ? least : priority;
+  priority = priority < greatest ? greatest : priority;
+  *stream = new orStream(device_at(current_device()), priority, false);
+  return orSuccess;
+}
+
+orError_t orStreamCreate(orStream_t* stream) {
+  return orStreamCreateWithPriority(stream, 0);
+}
+
+orError_t orStreamDestroy(orStream_t stream) {
+  if (stream == nullptr || stream->is_default()) {
+    return orErrorInvalidResourceHandle;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  orError_t err = stream->synchronize();
+  {
+    Device* dev = stream->device();
+    std::lock_guard<std::mutex> lock(dev->streams_mutex);
+    dev->streams.erase(stream);
+  }
+  delete stream;
+  return err;
+}
+
+orError_t orStreamGetPriority(orStream_t stream, int* priority) {
+  if (priority == nullptr) {
+    return orErrorInvalidValue;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  resolve(&stream);
+  *priority = stream->priority();
+  return orSuccess;
+}
+
+orError_t orStreamGetDevice(orStream_t stream, int* device) {
+  if (device == nullptr) {
+    return orErrorInvalidValue;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  resolve(&stream);
+  *device = stream->device()->index;
+  return orSuccess;
+}
+
+orError_t orStreamQuery(orStream_t stream) {
+  OR_RETURN_IF_ERROR(ensure_init());
+  resolve(&stream);
+  return stream->idle() ? orSuccess : orErrorNotReady;
+}
+
+orError_t orStreamSynchronize(orStream_t stream) {
+  OR_RETURN_IF_ERROR(ensure_init());
+  resolve(&stream);
+  return stream->synchronize();
+}
+
+orError_t orLaunchKernel(orStream_t stream, orKernelFn fn, void* user_data) {
+  if (fn == nullptr) {
+    return orErrorInvalidValue;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  resolve(&stream);
+  orStream* s = stream;
+  s->enqueue([s, fn, user_data] {
+    if (fn(user_data) != 0) {
+      s->record_error(orErrorLaunchFailure);
+    }
+  });
+  return orSuccess;
+}
+
+}  // extern "C"

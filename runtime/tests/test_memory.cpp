@@ -1,0 +1,701 @@
+// Device memory: allocation, pointer attributes, copies, memset and kernel
+// pointers.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+
+namespace {
+
+using openreg_test::DeviceBuffer;
+using openreg_test::DeviceCount;
+using openreg_test::Gate;
+using openreg_test::RoundUp;
+using openreg_test::RuntimeTest;
+using openreg_test::StreamHandle;
+
+class MemoryTest : public RuntimeTest {
+ protected:
+  static size_t Capacity() {
+    size_t free_bytes = 0;
+    size_t total = 0;
+    EXPECT_EQ(orSuccess, orMemGetInfo(&free_bytes, &total));
+    return total;
+  }
+  static size_t FreeBytes() {
+    size_t free_bytes = 0;
+    size_t total = 0;
+    EXPECT_EQ(orSuccess, orMemGetInfo(&free_bytes, &total));
+    return free_bytes;
+  }
+};
+
+std::vector<unsigned char> Pattern(size_t n, unsigned seed) {
+  std::vector<unsigned char> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = static_cast<unsigned char>((i * 131 + seed * 7 + (i >> 8)) & 0xff);
+  }
+  return v;
+}
+
+TEST_F(MemoryTest, MallocAndFree) {
+  const size_t free_before = FreeBytes();
+  void* p = reinterpret_cast<void*>(0x1);
+  OR_ASSERT_OK(orMalloc(&p, 1000));
+  ASSERT_NE(nullptr, p);
+  EXPECT_EQ(free_before - 1024, FreeBytes());
+  OR_ASSERT_OK(orFree(p));
+  EXPECT_EQ(free_before, FreeBytes());
+}
+
+TEST_F(MemoryTest, ZeroSizeGivesNullAndSuccess) {
+  const size_t free_before = FreeBytes();
+  void* p = reinterpret_cast<void*>(0x1);
+  OR_ASSERT_OK(orMalloc(&p, 0));
+  EXPECT_EQ(nullptr, p);
+  EXPECT_EQ(free_before, FreeBytes());
+  OR_EXPECT_OK(orFree(nullptr));  // freeing NULL is a no-op
+}
+
+TEST_F(MemoryTest, NullOutPointerIsInvalidValue) {
+  EXPECT_EQ(orErrorInvalidValue, orMalloc(nullptr, 16));
+  EXPECT_EQ(orErrorInvalidValue, orMalloc(nullptr, 0));
+}
+
+TEST_F(MemoryTest, AllocationsAre512AlignedAndDisjoint) {
+  std::vector<void*> ptrs;
+  std::vector<size_t> sizes = {1, 3, 511, 512, 513, 1000, 4095, 4097, 77777};
+  for (size_t n : sizes) {
+    void* p = nullptr;
+    OR_ASSERT_OK(orMalloc(&p, n));
+    ASSERT_NE(nullptr, p);
+    EXPECT_EQ(0u, reinterpret_cast<uintptr_t>(p) % 512) << "size " << n;
+    orPointerAttributes attr;
+    OR_ASSERT_OK(orPointerGetAttributes(&attr, p));
+    EXPECT_EQ(RoundUp(n, 512), attr.size);
+    EXPECT_EQ(p, attr.base);
+    ptrs.push_back(p);
+  }
+  // No two allocations overlap.
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    for (size_t j = 0; j < ptrs.size(); ++j) {
+      if (i == j) continue;
+      auto a = reinterpret_cast<uintptr_t>(ptrs[i]);
+      auto b = reinterpret_cast<uintptr_t>(ptrs[j]);
+      EXPECT_TRUE(a + RoundUp(sizes[i], 512) <= b ||
+                  b + RoundUp(sizes[j], 512) <= a);
+    }
+  }
+  for (void* p : ptrs) {
+    OR_ASSERT_OK(orFree(p));
+  }
+}
+
+TEST_F(MemoryTest, MoreThanCapacityIsOutOfMemory) {
+  const size_t capacity = Capacity();
+  for (size_t n :
+       {capacity + 1, capacity + 512, capacity * 2, SIZE_MAX, SIZE_MAX - 100}) {
+    SCOPED_TRACE(n);
+    void* p = reinterpret_cast<void*>(0x1);
+    EXPECT_EQ(orErrorMemoryAllocation, orMalloc(&p, n));
+    EXPECT_EQ(nullptr, p);
+  }
+  EXPECT_EQ(capacity, FreeBytes());
+}
+
+TEST_F(MemoryTest, WholeCapacityThenFullThenFreeThenSucceed) {
+  const size_t capacity = Capacity();
+  void* all = nullptr;
+  OR_ASSERT_OK(orMalloc(&all, capacity));
+  ASSERT_NE(nullptr, all);
+  EXPECT_EQ(0u, FreeBytes());
+
+  void* p = reinterpret_cast<void*>(0x1);
+  EXPECT_EQ(orErrorMemoryAllocation, orMalloc(&p, 1));
+  EXPECT_EQ(nullptr, p);
+
+  OR_ASSERT_OK(orFree(all));
+  OR_ASSERT_OK(orMalloc(&p, 1));
+  EXPECT_NE(nullptr, p);
+  OR_ASSERT_OK(orFree(p));
+}
+
+TEST_F(MemoryTest, FillFailFreeSucceed) {
+  const size_t capacity = Capacity();
+  const size_t chunk = capacity / 8 / 512 * 512;
+  std::vector<void*> blocks;
+  for (;;) {
+    void* p = nullptr;
+    orError_t err = orMalloc(&p, chunk);
+    if (err != orSuccess) {
+      EXPECT_EQ(orErrorMemoryAllocation, err);
+      EXPECT_EQ(nullptr, p);
+      break;
+    }
+    blocks.push_back(p);
+    ASSERT_LE(blocks.size(), 8u) << "allocated more than the capacity";
+  }
+  ASSERT_EQ(8u, blocks.size());
+  // The remainder (if any) is smaller than a chunk but still usable.
+  const size_t rest = FreeBytes();
+  EXPECT_EQ(capacity - 8 * chunk, rest);
+
+  // Free one chunk in the middle: the same size fits again, twice does not.
+  OR_ASSERT_OK(orFree(blocks[3]));
+  void* again = nullptr;
+  OR_ASSERT_OK(orMalloc(&again, chunk));
+  EXPECT_EQ(blocks[3], again);  // the only hole that fits
+  blocks[3] = again;
+  void* p = nullptr;
+  EXPECT_EQ(orErrorMemoryAllocation, orMalloc(&p, chunk));
+
+  for (void* b : blocks) {
+    OR_ASSERT_OK(orFree(b));
+  }
+  EXPECT_EQ(capacity, FreeBytes());
+}
+
+TEST_F(MemoryTest, FreedBlocksCoalesce) {
+  const size_t capacity = Capacity();
+  // 256 blocks spanning the whole device, freed in an order that merges each
+  // block with its left neighbour, its right neighbour, or both.
+  const size_t kBlocks = 256;
+  const size_t block = capacity / kBlocks / 512 * 512;
+  ASSERT_GT(block, 0u);
+  std::vector<void*> ptrs(kBlocks);
+  for (auto& p : ptrs) {
+    OR_ASSERT_OK(orMalloc(&p, block));
+  }
+  std::vector<size_t> order;
+  for (size_t i = 0; i < 85; ++i) order.push_back(i);            // left merges
+  for (size_t i = 169; i >= 85; --i) order.push_back(i);         // right merges
+  for (size_t i = 170; i < kBlocks; i += 2) order.push_back(i);  // isolated
+  for (size_t i = 171; i < kBlocks; i += 2) order.push_back(i);  // both sides
+  ASSERT_EQ(kBlocks, order.size());
+  for (size_t i : order) {
+    OR_ASSERT_OK(orFree(ptrs[i]));
+  }
+  ASSERT_EQ(capacity, FreeBytes());
+
+  // Only a fully coalesced free list can hold (almost) the whole device.
+  void* big = nullptr;
+  OR_ASSERT_OK(orMalloc(&big, capacity - 512));
+  OR_ASSERT_OK(orFree(big));
+  OR_ASSERT_OK(orMalloc(&big, capacity));
+  EXPECT_EQ(ptrs[0], big);
+  OR_ASSERT_OK(orFree(big));
+}
+
+TEST_F(MemoryTest, DoubleFreeIsInvalidDevicePointer) {
+  void* p = nullptr;
+  OR_ASSERT_OK(orMalloc(&p, 4096));
+  OR_ASSERT_OK(orFree(p));
+  EXPECT_EQ(orErrorInvalidDevicePointer, orFree(p));
+}
+
+TEST_F(MemoryTest, FreeOfNonAllocationPointersFails) {
+  DeviceBuffer buf(4096);
+  // Interior pointer of a live block: not the start of an allocation.
+  EXPECT_EQ(orErrorInvalidDevicePointer, orFree(buf.bytes() + 512));
+  EXPECT_EQ(orErrorInvalidDevicePointer, orFree(buf.bytes() + 1));
+  // Host pointers: stack, heap.
+  int on_stack = 0;
+  EXPECT_EQ(orErrorInvalidDevicePointer, orFree(&on_stack));
+  void* heap = std::malloc(64);
+  EXPECT_EQ(orErrorInvalidDevicePointer, orFree(heap));
+  std::free(heap);
+  // The live block is untouched by the failed frees.
+  orPointerAttributes attr;
+  OR_ASSERT_OK(orPointerGetAttributes(&attr, buf.get()));
+  EXPECT_EQ(orMemoryTypeDevice, attr.type);
+  EXPECT_EQ(4096u, attr.size);
+}
+
+TEST_F(MemoryTest, InteriorPointerAttributes) {
+  DeviceBuffer buf(10000);
+  const size_t rounded = RoundUp(10000, 512);
+  for (size_t off : {size_t{0}, size_t{1}, size_t{511}, size_t{512},
+                     size_t{9999}, rounded - 1}) {
+    SCOPED_TRACE(off);
+    orPointerAttributes attr;
+    std::memset(&attr, 0x5a, sizeof(attr));
+    OR_ASSERT_OK(orPointerGetAttributes(&attr, buf.bytes() + off));
+    EXPECT_EQ(orMemoryTypeDevice, attr.type);
+    EXPECT_EQ(0, attr.device);
+    EXPECT_EQ(buf.get(), attr.base);
+    EXPECT_EQ(rounded, attr.size);
+  }
+}
+
+TEST_F(MemoryTest, AttributesOfFreedOrUnallocatedDeviceAddresses) {
+  void* p = nullptr;
+  OR_ASSERT_OK(orMalloc(&p, 1024));
+  OR_ASSERT_OK(orFree(p));
+  orPointerAttributes attr;
+  EXPECT_EQ(orErrorInvalidDevicePointer, orPointerGetAttributes(&attr, p));
+  EXPECT_EQ(orErrorInvalidDevicePointer,
+            orPointerGetAttributes(&attr, static_cast<char*>(p) + 100));
+
+  // The whole-device allocation starts at the device's base; with it freed,
+  // the last byte of the device range is in no live allocation either.
+  const size_t capacity = Capacity();
+  void* all = nullptr;
+  OR_ASSERT_OK(orMalloc(&all, capacity));
+  OR_ASSERT_OK(
+      orPointerGetAttributes(&attr, static_cast<char*>(all) + capacity - 1));
+  EXPECT_EQ(orMemoryTypeDevice, attr.type);
+  EXPECT_EQ(capacity, attr.size);
+  OR_ASSERT_OK(orFree(all));
+  EXPECT_EQ(
+      orErrorInvalidDevicePointer,
+      orPointerGetAttributes(&attr, static_cast<char*>(all) + capacity - 1));
+  // One past the range is no longer this device's memory (it may be another
+  // device's or unmapped host space) and must not report device 0.
+  orError_t err =
+      orPointerGetAttributes(&attr, static_cast<char*>(all) + capacity);
+  if (err == orSuccess && attr.type == orMemoryTypeDevice) {
+    EXPECT_NE(0, attr.device);
+  }
+}
+
+TEST_F(MemoryTest, AttributesOfHostPointers) {
+  int on_stack = 0;
+  void* heap = std::malloc(128);
+  for (const void* p :
+       {static_cast<const void*>(&on_stack), static_cast<const void*>(heap)}) {
+    orPointerAttributes attr;
+    std::memset(&attr, 0x5a, sizeof(attr));
+    OR_ASSERT_OK(orPointerGetAttributes(&attr, p));
+    EXPECT_EQ(orMemoryTypeUnregistered, attr.type);
+    EXPECT_EQ(-1, attr.device);
+  }
+  std::free(heap);
+
+  orPointerAttributes attr;
+  std::memset(&attr, 0x5a, sizeof(attr));
+  OR_ASSERT_OK(orPointerGetAttributes(&attr, nullptr));
+  EXPECT_EQ(orMemoryTypeUnregistered, attr.type);
+  EXPECT_EQ(-1, attr.device);
+
+  EXPECT_EQ(orErrorInvalidValue, orPointerGetAttributes(nullptr, &on_stack));
+}
+
+TEST_F(MemoryTest, AllocationFollowsCurrentDevice) {
+  const int count = DeviceCount();
+  for (int d = 0; d < count; ++d) {
+    SCOPED_TRACE(d);
+    OR_ASSERT_OK(orSetDevice(d));
+    void* p = nullptr;
+    OR_ASSERT_OK(orMalloc(&p, 4096));
+    orPointerAttributes attr;
+    OR_ASSERT_OK(orPointerGetAttributes(&attr, static_cast<char*>(p) + 7));
+    EXPECT_EQ(orMemoryTypeDevice, attr.type);
+    EXPECT_EQ(d, attr.device);
+    EXPECT_EQ(p, attr.base);
+    // Freed with another device current.
+    OR_ASSERT_OK(orSetDevice(0));
+    OR_ASSERT_OK(orFree(p));
+  }
+}
+
+TEST_F(MemoryTest, MemcpyRoundTripsEveryKind) {
+  const size_t n = 100000;  // not a multiple of the page or block size
+  const auto src = Pattern(n, 1);
+  DeviceBuffer a(n);
+  DeviceBuffer b(n);
+
+  OR_ASSERT_OK(orMemcpy(a.get(), src.data(), n, orMemcpyHostToDevice));
+  OR_ASSERT_OK(orMemcpy(b.get(), a.get(), n, orMemcpyDeviceToDevice));
+  std::vector<unsigned char> out(n, 0);
+  OR_ASSERT_OK(orMemcpy(out.data(), b.get(), n, orMemcpyDeviceToHost));
+  EXPECT_EQ(src, out);
+
+  std::vector<unsigned char> host_copy(n, 0);
+  OR_ASSERT_OK(orMemcpy(host_copy.data(), src.data(), n, orMemcpyHostToHost));
+  EXPECT_EQ(src, host_copy);
+
+  // orMemcpyDefault infers every direction.
+  const auto src2 = Pattern(n, 2);
+  OR_ASSERT_OK(orMemcpy(a.get(), src2.data(), n, orMemcpyDefault));
+  OR_ASSERT_OK(orMemcpy(b.get(), a.get(), n, orMemcpyDefault));
+  std::fill(out.begin(), out.end(), 0);
+  OR_ASSERT_OK(orMemcpy(out.data(), b.get(), n, orMemcpyDefault));
+  EXPECT_EQ(src2, out);
+  std::fill(host_copy.begin(), host_copy.end(), 0);
+  OR_ASSERT_OK(orMemcpy(host_copy.data(), src2.data(), n, orMemcpyDefault));
+  EXPECT_EQ(src2, host_copy);
+}
+
+TEST_F(MemoryTest, MemcpyInteriorRanges) {
+  const size_t n = 4096;
+  const auto src = Pattern(n, 3);
+  DeviceBuffer dev(n);
+  OR_ASSERT_OK(orMemset(dev.get(), 0, n));
+  // Write bytes [100, 300) only.
+  OR_ASSERT_OK(
+      orMemcpy(dev.bytes() + 100, src.data(), 200, orMemcpyHostToDevice));
+  std::vector<unsigned char> out(n, 0xee);
+  OR_ASSERT_OK(orMemcpy(out.data(), dev.get(), n, orMemcpyDeviceToHost));
+  for (size_t i = 0; i < n; ++i) {
+    unsigned char want = (i >= 100 && i < 300) ? src[i - 100] : 0;
+    ASSERT_EQ(want, out[i]) << "byte " << i;
+  }
+  // Overlapping device-to-device copy within one allocation behaves like
+  // memmove.
+  OR_ASSERT_OK(orMemcpy(dev.bytes() + 150, dev.bytes() + 100, 200,
+                        orMemcpyDeviceToDevice));
+  OR_ASSERT_OK(
+      orMemcpy(out.data(), dev.bytes() + 150, 200, orMemcpyDeviceToHost));
+  EXPECT_EQ(0, std::memcmp(out.data(), src.data(), 200));
+}
+
+TEST_F(MemoryTest, MemcpyAcrossDevices) {
+  OR_REQUIRE_DEVICES(2);
+  const size_t n = 50000;
+  const auto src = Pattern(n, 4);
+  DeviceBuffer on0(n);
+  OR_ASSERT_OK(orSetDevice(1));
+  DeviceBuffer on1(n);
+  OR_ASSERT_OK(orSetDevice(0));
+
+  OR_ASSERT_OK(orMemcpy(on0.get(), src.data(), n, orMemcpyHostToDevice));
+  OR_ASSERT_OK(orMemcpy(on1.get(), on0.get(), n, orMemcpyDeviceToDevice));
+  std::vector<unsigned char> out(n, 0);
+  OR_ASSERT_OK(orMemcpy(out.data(), on1.get(), n, orMemcpyDeviceToHost));
+  EXPECT_EQ(src, out);
+
+  // And back, with the direction inferred and the other device current.
+  OR_ASSERT_OK(orSetDevice(1));
+  OR_ASSERT_OK(orMemset(on0.get(), 0, n));
+  OR_ASSERT_OK(orMemcpy(on0.get(), on1.get(), n, orMemcpyDefault));
+  std::fill(out.begin(), out.end(), 0);
+  OR_ASSERT_OK(orMemcpy(out.data(), on0.get(), n, orMemcpyDefault));
+  EXPECT_EQ(src, out);
+}
+
+TEST_F(MemoryTest, MemcpyWrongKindIsInvalidDirection) {
+  DeviceBuffer dev(1024);
+  DeviceBuffer dev2(1024);
+  char host[1024] = {};
+  char host2[1024] = {};
+  struct Case {
+    void* dst;
+    const void* src;
+    orMemcpyKind kind;
+  };
+  const Case kCases[] = {
+      {host, host2, orMemcpyHostToDevice},
+      {host, dev.get(), orMemcpyHostToDevice},
+      {dev.get(), dev2.get(), orMemcpyHostToDevice},
+      {host, host2, orMemcpyDeviceToHost},
+      {dev.get(), host, orMemcpyDeviceToHost},
+      {dev.get(), dev2.get(), orMemcpyDeviceToHost},
+      {host, host2, orMemcpyDeviceToDevice},
+      {dev.get(), host, orMemcpyDeviceToDevice},
+      {host, dev.get(), orMemcpyDeviceToDevice},
+      {dev.get(), host, orMemcpyHostToHost},
+      {host, dev.get(), orMemcpyHostToHost},
+      {dev.get(), dev2.get(), orMemcpyHostToHost},
+      {dev.get(), host, static_cast<orMemcpyKind>(5)},
+      {host, host2, static_cast<orMemcpyKind>(-1)},
+      {host, host2, static_cast<orMemcpyKind>(1000)},
+  };
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(static_cast<int>(c.kind));
+    EXPECT_EQ(orErrorInvalidMemcpyDirection,
+              orMemcpy(c.dst, c.src, 16, c.kind));
+    EXPECT_EQ(orErrorInvalidMemcpyDirection,
+              orMemcpyAsync(c.dst, c.src, 16, c.kind, nullptr));
+  }
+}
+
+TEST_F(MemoryTest, MemcpyNullArguments) {
+  DeviceBuffer dev(1024);
+  char host[16] = {};
+  EXPECT_EQ(orErrorInvalidValue,
+            orMemcpy(nullptr, host, 16, orMemcpyHostToDevice));
+  EXPECT_EQ(orErrorInvalidValue,
+            orMemcpy(dev.get(), nullptr, 16, orMemcpyHostToDevice));
+  EXPECT_EQ(orErrorInvalidValue,
+            orMemcpyAsync(dev.get(), nullptr, 16, orMemcpyDefault, nullptr));
+  // A zero-byte copy is a no-op whatever the pointers.
+  OR_EXPECT_OK(orMemcpy(nullptr, nullptr, 0, orMemcpyDefault));
+  OR_EXPECT_OK(orMemcpy(dev.get(), host, 0, orMemcpyHostToDevice));
+  OR_EXPECT_OK(orMemcpyAsync(nullptr, nullptr, 0, orMemcpyDefault, nullptr));
+}
+
+TEST_F(MemoryTest, CopyRangeOutsideAllocationIsInvalidDevicePointer) {
+  std::vector<unsigned char> host(8192, 1);
+  void* p = nullptr;
+  OR_ASSERT_OK(orMalloc(&p, 1024));
+  char* dev = static_cast<char*>(p);
+
+  // Exactly the allocation (rounded size) is fine, one byte more is not.
+  OR_EXPECT_OK(orMemcpy(dev, host.data(), 1024, orMemcpyHostToDevice));
+  OR_EXPECT_OK(orMemcpy(dev + 512, host.data(), 512, orMemcpyHostToDevice));
+  EXPECT_EQ(orErrorInvalidDevicePointer,
+            orMemcpy(dev, host.data(), 1025, orMemcpyHostToDevice));
+  EXPECT_EQ(orErrorInvalidDevicePointer,
+            orMemcpy(dev + 512, host.data(), 513, orMemcpyHostToDevice));
+  EXPECT_EQ(orErrorInvalidDevicePointer,
+            orMemcpy(host.data(), dev + 1000, 25, orMemcpyDeviceToHost));
+  EXPECT_EQ(orErrorInvalidDevicePointer,
+            orMemcpy(host.data(), dev, 1025, orMemcpyDefault));
+  EXPECT_EQ(
+      orErrorInvalidDevicePointer,
+      orMemcpyAsync(host.data(), dev, 1025, orMemcpyDeviceToHost, nullptr));
+  EXPECT_EQ(orErrorInvalidDevicePointer, orMemset(dev + 1, 0, 1024));
+  // A count so large that pointer + count wraps around must not pass the
+  // range check.
+  for (size_t huge : {SIZE_MAX, SIZE_MAX - 100, SIZE_MAX / 2 + 1}) {
+    SCOPED_TRACE(huge);
+    EXPECT_EQ(orErrorInvalidDevicePointer,
+              orMemcpy(host.data(), dev + 512, huge, orMemcpyDeviceToHost));
+    EXPECT_EQ(orErrorInvalidDevicePointer,
+              orMemcpy(dev + 512, host.data(), huge, orMemcpyHostToDevice));
+    EXPECT_EQ(orErrorInvalidDevicePointer, orMemset(dev + 512, 0, huge));
+  }
+
+  // A freed allocation cannot be copied to or from.
+  OR_ASSERT_OK(orFree(p));
+  EXPECT_EQ(orErrorInvalidDevicePointer,
+            orMemcpy(dev, host.data(), 16, orMemcpyHostToDevice));
+  EXPECT_EQ(orErrorInvalidDevicePointer,
+            orMemcpy(host.data(), dev, 16, orMemcpyDeviceToHost));
+  EXPECT_EQ(orErrorInvalidDevicePointer, orMemset(dev, 0, 16));
+}
+
+TEST_F(MemoryTest, Memset) {
+  const size_t n = 3000;
+  DeviceBuffer dev(n);
+  OR_ASSERT_OK(orMemset(dev.get(), 0x5a, n));
+  OR_ASSERT_OK(orMemset(dev.bytes() + 1000, 0x100 + 0xc3, 500));  // low byte
+  std::vector<unsigned char> out(n, 0);
+  OR_ASSERT_OK(orMemcpy(out.data(), dev.get(), n, orMemcpyDeviceToHost));
+  for (size_t i = 0; i < n; ++i) {
+    unsigned char want = (i >= 1000 && i < 1500) ? 0xc3 : 0x5a;
+    ASSERT_EQ(want, out[i]) << "byte " << i;
+  }
+}
+
+TEST_F(MemoryTest, MemsetBadArguments) {
+  char host[64];
+  EXPECT_EQ(orErrorInvalidDevicePointer, orMemset(host, 0, sizeof(host)));
+  EXPECT_EQ(orErrorInvalidValue, orMemset(nullptr, 0, 16));
+  OR_EXPECT_OK(orMemset(nullptr, 0, 0));
+}
+
+struct AliasArgs {
+  unsigned char* kernel_ptr;
+  size_t n;
+  const unsigned char* expect;  // when set, compare instead of write
+  bool matched;
+};
+
+// Device code: writes a pattern through the kernel pointer, or checks that
+// the kernel pointer shows `expect`.
+int AliasKernel(void* arg) {
+  auto* a = static_cast<AliasArgs*>(arg);
+  if (a->expect != nullptr) {
+    a->matched = std::memcmp(a->kernel_ptr, a->expect, a->n) == 0;
+    return 0;
+  }
+  for (size_t i = 0; i < a->n; ++i) {
+    a->kernel_ptr[i] = static_cast<unsigned char>(i * 7);
+  }
+  return 0;
+}
+
+TEST_F(MemoryTest, KernelPointerIsAWritableAliasOfDeviceMemory) {
+  const size_t n = 8192;
+  DeviceBuffer dev(n);
+  void* kp = nullptr;
+  OR_ASSERT_OK(orGetKernelPointer(&kp, dev.get()));
+  ASSERT_NE(nullptr, kp);
+  EXPECT_NE(dev.get(), kp);
+
+  // Kernel-side write, read back through the driver.
+  AliasArgs write{static_cast<unsigned char*>(kp), n, nullptr, false};
+  OR_ASSERT_OK(orLaunchKernel(nullptr, AliasKernel, &write));
+  OR_ASSERT_OK(orStreamSynchronize(nullptr));
+  std::vector<unsigned char> out(n, 0);
+  OR_ASSERT_OK(orMemcpy(out.data(), dev.get(), n, orMemcpyDeviceToHost));
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(static_cast<unsigned char>(i * 7), out[i]) << "byte " << i;
+  }
+
+  // Driver write, kernel-side read.
+  const auto src = Pattern(n, 5);
+  OR_ASSERT_OK(orMemcpy(dev.get(), src.data(), n, orMemcpyHostToDevice));
+  AliasArgs check{static_cast<unsigned char*>(kp), n, src.data(), false};
+  OR_ASSERT_OK(orLaunchKernel(nullptr, AliasKernel, &check));
+  OR_ASSERT_OK(orStreamSynchronize(nullptr));
+  EXPECT_TRUE(check.matched);
+
+  // Interior pointers translate by the same offset.
+  void* kp_mid = nullptr;
+  OR_ASSERT_OK(orGetKernelPointer(&kp_mid, dev.bytes() + 1234));
+  EXPECT_EQ(static_cast<char*>(kp) + 1234, kp_mid);
+}
+
+TEST_F(MemoryTest, KernelPointerBadArguments) {
+  DeviceBuffer dev(512);
+  EXPECT_EQ(orErrorInvalidValue, orGetKernelPointer(nullptr, dev.get()));
+  int host = 0;
+  void* kp = reinterpret_cast<void*>(0x1);
+  EXPECT_EQ(orErrorInvalidDevicePointer, orGetKernelPointer(&kp, &host));
+  EXPECT_EQ(nullptr, kp);
+  kp = reinterpret_cast<void*>(0x1);
+  EXPECT_EQ(orErrorInvalidDevicePointer, orGetKernelPointer(&kp, nullptr));
+  EXPECT_EQ(nullptr, kp);
+}
+
+TEST_F(MemoryTest, FreedPagesAreReturned) {
+  // orFree punches the block's whole pages out of the arena, so a new
+  // allocation over the same bytes reads zeros, not the old contents.
+  const size_t n = 1 << 20;
+  void* p = nullptr;
+  OR_ASSERT_OK(orMalloc(&p, n));
+  OR_ASSERT_OK(orMemset(p, 0xab, n));
+  OR_ASSERT_OK(orFree(p));
+  void* q = nullptr;
+  OR_ASSERT_OK(orMalloc(&q, n));
+  if (q != p) {
+    OR_ASSERT_OK(orFree(q));
+    GTEST_SKIP() << "allocator placed the block elsewhere";
+  }
+  std::vector<unsigned char> out(n, 0xee);
+  OR_ASSERT_OK(orMemcpy(out.data(), q, n, orMemcpyDeviceToHost));
+  EXPECT_EQ(std::vector<unsigned char>(n, 0), out);
+  OR_ASSERT_OK(orFree(q));
+}
+
+// --- copies and streams -----------------------------------------------------
+
+struct WriteArgs {
+  void* kernel_ptr;
+  int value;
+  int delay_ms;
+};
+
+int DelayedWrite(void* arg) {
+  auto* a = static_cast<WriteArgs*>(arg);
+  std::this_thread::sleep_for(std::chrono::milliseconds(a->delay_ms));
+  std::memcpy(a->kernel_ptr, &a->value, sizeof(int));
+  return 0;
+}
+
+TEST_F(MemoryTest, MemcpyIsOrderedAfterDefaultStreamWork) {
+  DeviceBuffer dev(512);
+  OR_ASSERT_OK(orMemset(dev.get(), 0, 512));
+  WriteArgs args{nullptr, 0x1234567, 20};
+  OR_ASSERT_OK(orGetKernelPointer(&args.kernel_ptr, dev.get()));
+  OR_ASSERT_OK(orLaunchKernel(nullptr, DelayedWrite, &args));
+  int out = 0;
+  OR_ASSERT_OK(orMemcpy(&out, dev.get(), sizeof(out), orMemcpyDeviceToHost));
+  EXPECT_EQ(0x1234567, out);
+}
+
+TEST_F(MemoryTest, MemcpyAsyncWithPinnedMemoryIsQueued) {
+  const size_t n = 64 * 1024;
+  void* pinned_in = nullptr;
+  void* pinned_out = nullptr;
+  OR_ASSERT_OK(orMallocHost(&pinned_in, n));
+  OR_ASSERT_OK(orMallocHost(&pinned_out, n));
+  const auto src = Pattern(n, 6);
+  std::memcpy(pinned_in, src.data(), n);
+  std::memset(pinned_out, 0, n);
+  DeviceBuffer dev(n);
+  StreamHandle stream;
+
+  // The stream is blocked: if orMemcpyAsync waited for it, this test would
+  // hang instead of reaching Open().
+  Gate gate;
+  OR_ASSERT_OK(orLaunchKernel(stream.get(), Gate::Kernel, &gate));
+  OR_ASSERT_OK(orMemcpyAsync(dev.get(), pinned_in, n, orMemcpyHostToDevice,
+                             stream.get()));
+  OR_ASSERT_OK(orMemcpyAsync(pinned_out, dev.get(), n, orMemcpyDeviceToHost,
+                             stream.get()));
+  gate.WaitEntered();
+  EXPECT_EQ(orErrorNotReady, orStreamQuery(stream.get()));
+  gate.Open();
+  OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+  EXPECT_EQ(0, std::memcmp(pinned_out, src.data(), n));
+
+  // A pinned interior range counts as pinned too; Default kind works.
+  std::memset(pinned_out, 0, n);
+  OR_ASSERT_OK(orMemcpyAsync(static_cast<char*>(pinned_out) + 100, dev.get(),
+                             1000, orMemcpyDefault, stream.get()));
+  OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+  EXPECT_EQ(
+      0, std::memcmp(static_cast<char*>(pinned_out) + 100, src.data(), 1000));
+
+  OR_ASSERT_OK(orFreeHost(pinned_in));
+  OR_ASSERT_OK(orFreeHost(pinned_out));
+}
+
+TEST_F(MemoryTest, MemcpyAsyncWithPageableMemoryWaits) {
+  DeviceBuffer dev(512);
+  WriteArgs args{nullptr, 77, 20};
+  OR_ASSERT_OK(orGetKernelPointer(&args.kernel_ptr, dev.get()));
+  StreamHandle stream;
+  OR_ASSERT_OK(orLaunchKernel(stream.get(), DelayedWrite, &args));
+  int out = 0;  // pageable: the call returns only when the copy is done
+  OR_ASSERT_OK(orMemcpyAsync(&out, dev.get(), sizeof(out), orMemcpyDeviceToHost,
+                             stream.get()));
+  EXPECT_EQ(77, out);
+  OR_EXPECT_OK(orStreamQuery(stream.get()));
+}
+
+TEST_F(MemoryTest, MemcpyAsyncDeviceToDeviceOnDefaultStream) {
+  const size_t n = 4096;
+  const auto src = Pattern(n, 8);
+  DeviceBuffer a(n);
+  DeviceBuffer b(n);
+  OR_ASSERT_OK(orMemcpy(a.get(), src.data(), n, orMemcpyHostToDevice));
+  OR_ASSERT_OK(
+      orMemcpyAsync(b.get(), a.get(), n, orMemcpyDeviceToDevice, nullptr));
+  OR_ASSERT_OK(orStreamSynchronize(nullptr));
+  std::vector<unsigned char> out(n, 0);
+  OR_ASSERT_OK(orMemcpy(out.data(), b.get(), n, orMemcpyDeviceToHost));
+  EXPECT_EQ(src, out);
+}
+
+TEST_F(MemoryTest, ConcurrentAllocationFromManyThreads) {
+  const size_t free_before = FreeBytes();
+  const int kThreads = 4;
+  const int kIters = 200;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<void*> mine;
+      for (int i = 0; i < kIters; ++i) {
+        void* p = nullptr;
+        if (orMalloc(&p, static_cast<size_t>(512 * (1 + (i + t) % 7))) !=
+            orSuccess) {
+          ++failures;
+        }
+        mine.push_back(p);
+        if (i % 3 == 0) {
+          if (orFree(mine.front()) != orSuccess) ++failures;
+          mine.erase(mine.begin());
+        }
+      }
+      for (void* p : mine) {
+        if (orFree(p) != orSuccess) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(0, failures.load());
+  EXPECT_EQ(free_before, FreeBytes());
+}
+
+}  // namespace

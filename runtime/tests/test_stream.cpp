@@ -1,0 +1,397 @@
+// Streams: creation, priorities, kernel launch order, query/synchronize
+// semantics, launch failures, and concurrent launches.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+
+namespace {
+
+using openreg_test::DeviceCount;
+using openreg_test::FailingKernel;
+using openreg_test::Gate;
+using openreg_test::RuntimeTest;
+using openreg_test::SleepKernel;
+using openreg_test::StreamHandle;
+
+class StreamTest : public RuntimeTest {};
+
+// Appends `value` to `log` when it runs.
+struct Step {
+  std::vector<int>* log;
+  int value;
+};
+
+int RecordStep(void* arg) {
+  auto* s = static_cast<Step*>(arg);
+  s->log->push_back(s->value);
+  return 0;
+}
+
+int SetFlag(void* flag) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  static_cast<std::atomic<bool>*>(flag)->store(true);
+  return 0;
+}
+
+TEST_F(StreamTest, CreateQueryAndDestroy) {
+  orStream_t stream = reinterpret_cast<orStream_t>(0x1);
+  OR_ASSERT_OK(orStreamCreate(&stream));
+  ASSERT_NE(nullptr, stream);
+  int device = -1;
+  OR_ASSERT_OK(orStreamGetDevice(stream, &device));
+  EXPECT_EQ(0, device);
+  int priority = 99;
+  OR_ASSERT_OK(orStreamGetPriority(stream, &priority));
+  EXPECT_EQ(0, priority);
+  OR_EXPECT_OK(orStreamQuery(stream));        // nothing enqueued
+  OR_EXPECT_OK(orStreamSynchronize(stream));  // returns at once
+  OR_ASSERT_OK(orStreamDestroy(stream));
+}
+
+TEST_F(StreamTest, StreamBelongsToCurrentDevice) {
+  OR_REQUIRE_DEVICES(2);
+  OR_ASSERT_OK(orSetDevice(1));
+  StreamHandle stream;
+  OR_ASSERT_OK(orSetDevice(0));
+  int device = -1;
+  OR_ASSERT_OK(orStreamGetDevice(stream.get(), &device));
+  EXPECT_EQ(1, device);
+}
+
+TEST_F(StreamTest, NullStreamIsTheCurrentDevicesDefaultStream) {
+  const int count = DeviceCount();
+  for (int d = 0; d < count; ++d) {
+    SCOPED_TRACE(d);
+    orStream_t def = nullptr;
+    OR_ASSERT_OK(orDeviceGetDefaultStream(d, &def));
+    ASSERT_NE(nullptr, def);
+    int device = -1;
+    OR_ASSERT_OK(orStreamGetDevice(def, &device));
+    EXPECT_EQ(d, device);
+    OR_ASSERT_OK(orSetDevice(d));
+    OR_ASSERT_OK(orStreamGetDevice(nullptr, &device));
+    EXPECT_EQ(d, device);
+    int priority = 99;
+    OR_ASSERT_OK(orStreamGetPriority(nullptr, &priority));
+    EXPECT_EQ(0, priority);
+    // Same handle every time.
+    orStream_t again = nullptr;
+    OR_ASSERT_OK(orDeviceGetDefaultStream(d, &again));
+    EXPECT_EQ(def, again);
+  }
+}
+
+TEST_F(StreamTest, PriorityIsClampedIntoRange) {
+  int least = 0;
+  int greatest = 0;
+  OR_ASSERT_OK(orDeviceGetStreamPriorityRange(&least, &greatest));
+  ASSERT_LE(greatest, least);
+  struct Case {
+    int requested;
+    int expected;
+  };
+  std::vector<Case> cases = {
+      {least, least},           {greatest, greatest},
+      {least + 1, least},       {least + 1000, least},
+      {greatest - 1, greatest}, {greatest - 1000, greatest},
+      {INT32_MAX, least},       {INT32_MIN, greatest}};
+  for (int p = greatest; p <= least; ++p) cases.push_back({p, p});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.requested);
+    orStream_t stream = nullptr;
+    OR_ASSERT_OK(orStreamCreateWithPriority(&stream, c.requested));
+    int priority = 12345;
+    OR_ASSERT_OK(orStreamGetPriority(stream, &priority));
+    EXPECT_EQ(c.expected, priority);
+    OR_ASSERT_OK(orStreamDestroy(stream));
+  }
+}
+
+TEST_F(StreamTest, BadHandlesAndArguments) {
+  EXPECT_EQ(orErrorInvalidValue, orStreamCreate(nullptr));
+  EXPECT_EQ(orErrorInvalidValue, orStreamCreateWithPriority(nullptr, 0));
+  EXPECT_EQ(orErrorInvalidResourceHandle, orStreamDestroy(nullptr));
+  EXPECT_EQ(orErrorInvalidValue, orStreamGetPriority(nullptr, nullptr));
+  EXPECT_EQ(orErrorInvalidValue, orStreamGetDevice(nullptr, nullptr));
+
+  StreamHandle stream;
+  EXPECT_EQ(orErrorInvalidValue, orStreamGetPriority(stream.get(), nullptr));
+  EXPECT_EQ(orErrorInvalidValue, orStreamGetDevice(stream.get(), nullptr));
+  EXPECT_EQ(orErrorInvalidValue,
+            orLaunchKernel(stream.get(), nullptr, nullptr));
+  EXPECT_EQ(orErrorInvalidValue, orLaunchKernel(nullptr, nullptr, nullptr));
+  OR_EXPECT_OK(orStreamQuery(stream.get()));  // nothing was enqueued
+}
+
+TEST_F(StreamTest, DefaultStreamCannotBeDestroyed) {
+  const int count = DeviceCount();
+  for (int d = 0; d < count; ++d) {
+    orStream_t def = nullptr;
+    OR_ASSERT_OK(orDeviceGetDefaultStream(d, &def));
+    EXPECT_EQ(orErrorInvalidResourceHandle, orStreamDestroy(def));
+    // Still usable afterwards.
+    std::vector<int> log;
+    Step step{&log, 1};
+    OR_ASSERT_OK(orLaunchKernel(def, RecordStep, &step));
+    OR_ASSERT_OK(orStreamSynchronize(def));
+    EXPECT_EQ(std::vector<int>{1}, log);
+  }
+}
+
+TEST_F(StreamTest, KernelsRunInLaunchOrder) {
+  for (bool use_default : {false, true}) {
+    SCOPED_TRACE(use_default ? "default stream" : "created stream");
+    StreamHandle created;
+    orStream_t stream = use_default ? nullptr : created.get();
+    std::vector<int> log;
+    std::vector<Step> steps;
+    const int kSteps = 200;
+    steps.reserve(kSteps);
+    for (int i = 0; i < kSteps; ++i) steps.push_back({&log, i});
+    for (auto& s : steps) {
+      OR_ASSERT_OK(orLaunchKernel(stream, RecordStep, &s));
+    }
+    OR_ASSERT_OK(orStreamSynchronize(stream));
+    ASSERT_EQ(static_cast<size_t>(kSteps), log.size());
+    for (int i = 0; i < kSteps; ++i) EXPECT_EQ(i, log[i]);
+  }
+}
+
+int ReportDevice(void* out) {
+  return orGetDevice(static_cast<int*>(out)) == orSuccess ? 0 : 1;
+}
+
+TEST_F(StreamTest, KernelsRunWithTheStreamsDeviceCurrent) {
+  const int count = DeviceCount();
+  for (int d = 0; d < count; ++d) {
+    SCOPED_TRACE(d);
+    OR_ASSERT_OK(orSetDevice(d));
+    StreamHandle stream;
+    OR_ASSERT_OK(orSetDevice(0));
+    int seen = -1;
+    OR_ASSERT_OK(orLaunchKernel(stream.get(), ReportDevice, &seen));
+    OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+    EXPECT_EQ(d, seen);
+  }
+}
+
+TEST_F(StreamTest, QueryReportsRunningWorkUntilItFinishes) {
+  StreamHandle stream;
+  Gate gate;
+  OR_ASSERT_OK(orLaunchKernel(stream.get(), Gate::Kernel, &gate));
+  // The kernel has left the queue and is running: the queue is empty but
+  // the work has not finished.
+  gate.WaitEntered();
+  EXPECT_EQ(orErrorNotReady, orStreamQuery(stream.get()));
+  EXPECT_EQ(orErrorNotReady, orStreamQuery(stream.get()));
+  gate.Open();
+  OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+  OR_EXPECT_OK(orStreamQuery(stream.get()));
+}
+
+TEST_F(StreamTest, QueryOnDefaultStream) {
+  Gate gate;
+  OR_ASSERT_OK(orLaunchKernel(nullptr, Gate::Kernel, &gate));
+  gate.WaitEntered();
+  EXPECT_EQ(orErrorNotReady, orStreamQuery(nullptr));
+  // Another stream of the same device is independent.
+  StreamHandle other;
+  OR_EXPECT_OK(orStreamQuery(other.get()));
+  gate.Open();
+  OR_ASSERT_OK(orStreamSynchronize(nullptr));
+  OR_EXPECT_OK(orStreamQuery(nullptr));
+}
+
+TEST_F(StreamTest, LaunchFailureIsReportedOnceBySynchronize) {
+  StreamHandle stream;
+  std::vector<int> log;
+  Step after{&log, 7};
+  OR_ASSERT_OK(orLaunchKernel(stream.get(), FailingKernel, nullptr));
+  OR_ASSERT_OK(orLaunchKernel(stream.get(), FailingKernel, nullptr));
+  // Work after a failed kernel still runs.
+  OR_ASSERT_OK(orLaunchKernel(stream.get(), RecordStep, &after));
+  EXPECT_EQ(orErrorLaunchFailure, orStreamSynchronize(stream.get()));
+  EXPECT_EQ(std::vector<int>{7}, log);
+  // The error was cleared by the synchronize that reported it.
+  OR_EXPECT_OK(orStreamSynchronize(stream.get()));
+  OR_EXPECT_OK(orStreamQuery(stream.get()));
+
+  // And a later failure is reported again.
+  OR_ASSERT_OK(orLaunchKernel(stream.get(), FailingKernel, nullptr));
+  EXPECT_EQ(orErrorLaunchFailure, orStreamSynchronize(stream.get()));
+  OR_EXPECT_OK(orStreamSynchronize(stream.get()));
+}
+
+TEST_F(StreamTest, DeviceSynchronizeWaitsForEveryStream) {
+  const int kStreams = 3;
+  std::vector<std::unique_ptr<StreamHandle>> streams;
+  std::atomic<bool> flags[kStreams + 1] = {};
+  for (int i = 0; i < kStreams; ++i) {
+    streams.push_back(std::make_unique<StreamHandle>());
+    OR_ASSERT_OK(orLaunchKernel(streams.back()->get(), SetFlag, &flags[i]));
+  }
+  OR_ASSERT_OK(orLaunchKernel(nullptr, SetFlag, &flags[kStreams]));
+  OR_ASSERT_OK(orDeviceSynchronize());
+  for (int i = 0; i <= kStreams; ++i) {
+    EXPECT_TRUE(flags[i].load()) << "stream " << i;
+  }
+  for (auto& s : streams) OR_EXPECT_OK(orStreamQuery(s->get()));
+}
+
+TEST_F(StreamTest, DeviceSynchronizeReportsAndClearsKernelFailures) {
+  StreamHandle stream;
+  OR_ASSERT_OK(orLaunchKernel(stream.get(), FailingKernel, nullptr));
+  EXPECT_EQ(orErrorLaunchFailure, orDeviceSynchronize());
+  OR_EXPECT_OK(orDeviceSynchronize());
+  OR_EXPECT_OK(orStreamSynchronize(stream.get()));
+
+  OR_ASSERT_OK(orLaunchKernel(nullptr, FailingKernel, nullptr));
+  EXPECT_EQ(orErrorLaunchFailure, orDeviceSynchronize());
+  OR_EXPECT_OK(orStreamSynchronize(nullptr));
+}
+
+TEST_F(StreamTest, DeviceSynchronizeIsPerDevice) {
+  OR_REQUIRE_DEVICES(2);
+  orStream_t def1 = nullptr;
+  OR_ASSERT_OK(orDeviceGetDefaultStream(1, &def1));
+  Gate gate;
+  OR_ASSERT_OK(orLaunchKernel(def1, Gate::Kernel, &gate));
+  OR_ASSERT_OK(orLaunchKernel(def1, FailingKernel, nullptr));
+  gate.WaitEntered();
+  // Device 0 neither waits for device 1's blocked stream (the call would
+  // hang) nor reports its failure.
+  OR_EXPECT_OK(orDeviceSynchronize());
+  gate.Open();
+  OR_ASSERT_OK(orSetDevice(1));
+  EXPECT_EQ(orErrorLaunchFailure, orDeviceSynchronize());
+  OR_EXPECT_OK(orDeviceSynchronize());
+}
+
+TEST_F(StreamTest, DestroyWaitsForQueuedWork) {
+  std::atomic<bool> done{false};
+  orStream_t stream = nullptr;
+  OR_ASSERT_OK(orStreamCreate(&stream));
+  OR_ASSERT_OK(orLaunchKernel(stream, SetFlag, &done));
+  OR_ASSERT_OK(orStreamDestroy(stream));
+  EXPECT_TRUE(done.load());
+}
+
+TEST_F(StreamTest, ManyStreamsCreatedAndDestroyed) {
+  std::vector<orStream_t> streams(32, nullptr);
+  for (auto& s : streams) OR_ASSERT_OK(orStreamCreate(&s));
+  std::atomic<int> counter{0};
+  for (auto& s : streams) {
+    OR_ASSERT_OK(orLaunchKernel(
+        s,
+        [](void* c) {
+          static_cast<std::atomic<int>*>(c)->fetch_add(1);
+          return 0;
+        },
+        &counter));
+  }
+  OR_ASSERT_OK(orDeviceSynchronize());
+  EXPECT_EQ(32, counter.load());
+  for (auto& s : streams) OR_ASSERT_OK(orStreamDestroy(s));
+}
+
+// Many threads launching onto one shared stream and onto their own streams.
+struct Tagged {
+  std::vector<std::pair<int, int>>* log;  // (thread, sequence)
+  int* plain_counter;                     // only touched by kernels
+  int thread;
+  int seq;
+};
+
+int RecordTagged(void* arg) {
+  auto* t = static_cast<Tagged*>(arg);
+  t->log->emplace_back(t->thread, t->seq);
+  ++*t->plain_counter;  // a data race unless kernels of a stream serialise
+  return 0;
+}
+
+TEST_F(StreamTest, ConcurrentLaunchesFromManyThreads) {
+  const int kThreads = 4;
+  const int kPerThread = 250;
+  StreamHandle shared;
+  std::vector<std::pair<int, int>> shared_log;
+  int shared_counter = 0;
+  std::vector<std::vector<Tagged>> args(kThreads);
+  std::vector<std::vector<std::pair<int, int>>> own_logs(kThreads);
+  std::vector<int> own_counters(kThreads, 0);
+  std::vector<std::vector<Tagged>> own_args(kThreads);
+  std::atomic<int> failures{0};
+
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    args[t].reserve(kPerThread);
+    own_args[t].reserve(kPerThread);
+    for (int i = 0; i < kPerThread; ++i) {
+      args[t].push_back({&shared_log, &shared_counter, t, i});
+      own_args[t].push_back({&own_logs[t], &own_counters[t], t, i});
+    }
+  }
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      orStream_t own = nullptr;
+      if (orStreamCreate(&own) != orSuccess) {
+        ++failures;
+        return;
+      }
+      for (int i = 0; i < kPerThread; ++i) {
+        if (orLaunchKernel(shared.get(), RecordTagged, &args[t][i]) !=
+                orSuccess ||
+            orLaunchKernel(own, RecordTagged, &own_args[t][i]) != orSuccess) {
+          ++failures;
+        }
+      }
+      if (orStreamSynchronize(own) != orSuccess) ++failures;
+      if (orStreamDestroy(own) != orSuccess) ++failures;
+    });
+  }
+  for (auto& th : threads) th.join();
+  OR_ASSERT_OK(orStreamSynchronize(shared.get()));
+  ASSERT_EQ(0, failures.load());
+
+  EXPECT_EQ(kThreads * kPerThread, shared_counter);
+  ASSERT_EQ(static_cast<size_t>(kThreads * kPerThread), shared_log.size());
+  // Each thread's launches ran in the order that thread issued them.
+  std::vector<int> next(kThreads, 0);
+  for (const auto& [thread, seq] : shared_log) {
+    EXPECT_EQ(next[thread], seq) << "thread " << thread;
+    next[thread] = seq + 1;
+  }
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(kPerThread, own_counters[t]);
+    ASSERT_EQ(static_cast<size_t>(kPerThread), own_logs[t].size());
+    for (int i = 0; i < kPerThread; ++i) {
+      EXPECT_EQ(i, own_logs[t][i].second);
+    }
+  }
+}
+
+TEST_F(StreamTest, StreamsOfOneDeviceRunConcurrently) {
+  // Stream A blocks on a gate that only a kernel on stream B opens: this
+  // completes only if the streams have independent workers.
+  StreamHandle a;
+  StreamHandle b;
+  Gate gate;
+  OR_ASSERT_OK(orLaunchKernel(a.get(), Gate::Kernel, &gate));
+  OR_ASSERT_OK(orLaunchKernel(
+      b.get(),
+      [](void* g) {
+        static_cast<Gate*>(g)->WaitEntered();
+        static_cast<Gate*>(g)->Open();
+        return 0;
+      },
+      &gate));
+  OR_ASSERT_OK(orStreamSynchronize(a.get()));
+  OR_ASSERT_OK(orStreamSynchronize(b.get()));
+}
+
+}  // namespace

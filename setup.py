@@ -1,0 +1,57 @@
+"""setuptools drives CMake to build torch_openreg._C and the runtime library.
+
+Environment:
+  OPENREG_BUILD_TYPE  CMake build type (default Release): Debug, RelWithDebInfo, ...
+  OPENREG_SANITIZE    sanitizers, e.g. "address,undefined" (default: none)
+  OPENREG_BUILD_DIR   build tree (default build/<type>); kept between builds,
+                      so rebuilds are incremental
+  MAX_JOBS            parallel compile jobs (default: number of CPUs)
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str) -> None:
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext: Extension) -> None:
+        build_type = os.environ.get("OPENREG_BUILD_TYPE", "Release")
+        build_dir = Path(os.environ.get("OPENREG_BUILD_DIR", ROOT / "build" / build_type.lower()))
+        jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
+        configure = [
+            "cmake",
+            "-S",
+            str(ROOT),
+            "-B",
+            str(build_dir),
+            f"-DCMAKE_BUILD_TYPE={build_type}",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            f"-DOPENREG_SANITIZE={os.environ.get('OPENREG_SANITIZE', '')}",
+        ]
+        if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():
+            configure += ["-G", "Ninja"]
+        subprocess.check_call(configure)
+        subprocess.check_call(["cmake", "--build", str(build_dir), "-j", jobs])
+        Path(self.get_ext_fullpath(ext.name)).parent.mkdir(parents=True, exist_ok=True)
+        built = list((build_dir / "csrc").glob("_C*.so"))
+        if len(built) != 1:
+            raise RuntimeError(f"expected one _C*.so in {build_dir / 'csrc'}, found {built}")
+        shutil.copy2(built[0], self.get_ext_fullpath(ext.name))
+
+
+setup(
+    ext_modules=[CMakeExtension("torch_openreg._C")],
+    cmdclass={"build_ext": CMakeBuild},
+)

@@ -1,0 +1,40 @@
+"""openreg: a simulated accelerator for PyTorch, on the PrivateUse1 dispatch key.
+
+Importing this package loads the C++ extension (which registers the device
+guard, allocators, hooks, generators and kernels), renames PrivateUse1 to
+``openreg``, registers ``torch.openreg`` and the generated methods
+(``Tensor.openreg()``, ``Tensor.is_openreg``, ``Module.openreg()``, ...).
+
+``import torch`` does this automatically through the ``torch.backends`` entry
+point, unless ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``.
+"""
+
+import torch
+
+from torch_openreg import _C  # noqa: F401  (loading it registers the C++ side)
+from torch_openreg import openreg as _device_module
+
+__all__ = ["BACKEND_NAME"]
+
+BACKEND_NAME = "openreg"
+
+
+def _register() -> None:
+    if torch._C._get_privateuse1_backend_name() != BACKEND_NAME:
+        torch.utils.rename_privateuse1_backend(BACKEND_NAME)
+    if not hasattr(torch, BACKEND_NAME):
+        torch._register_device_module(BACKEND_NAME, _device_module)
+    if not hasattr(torch.Tensor, "is_" + BACKEND_NAME):
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_storage=True, for_packed_sequence=True
+        )
+
+
+_register()
+
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group, called by ``import torch``.
+
+    Importing this module already registered the backend; nothing else to do.
+    """

@@ -1,0 +1,204 @@
+"""torch.openreg: the device module, shaped like torch.cuda.
+
+Device management lives here; random number generation in ``random.py``.
+Initialisation is lazy, as for CUDA: nothing touches the simulated devices
+until the first tensor, stream or explicit ``init()``, so a process can fork
+before that.
+"""
+
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torch_openreg import _C
+
+from .random import (
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+
+__all__ = [
+    "current_device",
+    "device",
+    "device_count",
+    "device_of",
+    "get_device_capability",
+    "get_device_name",
+    "get_device_properties",
+    "get_rng_state",
+    "get_rng_state_all",
+    "init",
+    "initial_seed",
+    "is_available",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "seed",
+    "seed_all",
+    "set_device",
+    "set_rng_state",
+    "set_rng_state_all",
+    "synchronize",
+]
+
+_initialized = False
+_init_lock = threading.Lock()
+_tls = threading.local()
+_queued_calls: list[tuple[Callable[[], None], list[str]]] = []
+
+
+class DeferredOpenRegCallError(Exception):
+    """A call queued before initialisation (e.g. manual_seed) failed."""
+
+
+def is_available() -> bool:
+    """True if at least one openreg device exists (never initialises them)."""
+    return device_count() > 0
+
+
+def device_count() -> int:
+    """Number of openreg devices (``OPENREG_DEVICE_COUNT``, default 2)."""
+    return _C._device_count()
+
+
+def is_initialized() -> bool:
+    """True once the devices have been initialised in this process."""
+    return _initialized and not _C._is_in_bad_fork()
+
+
+def _lazy_call(callable: Callable[[], None]) -> None:
+    if is_initialized():
+        callable()
+    else:
+        _queued_calls.append((callable, traceback.format_stack()))
+
+
+def _lazy_init() -> None:
+    """Initialises the devices once; PyTorch calls this before first use."""
+    global _initialized
+    if is_initialized() or hasattr(_tls, "is_initializing"):
+        return
+    with _init_lock:
+        if is_initialized():
+            return
+        if _C._is_in_bad_fork():
+            raise RuntimeError(
+                "Cannot re-initialize openreg in forked subprocess. To use openreg with "
+                "multiprocessing, you must use the 'spawn' start method"
+            )
+        _C._init()
+        _tls.is_initializing = True
+        try:
+            for queued_call, stack in _queued_calls:
+                try:
+                    queued_call()
+                except Exception as e:
+                    msg = (
+                        f"openreg call failed lazily at initialization with error: {e}\n\n"
+                        "openreg call was originally invoked at:\n\n" + "".join(stack)
+                    )
+                    raise DeferredOpenRegCallError(msg) from e
+            _queued_calls.clear()
+        finally:
+            delattr(_tls, "is_initializing")
+        _initialized = True
+
+
+def init() -> None:
+    """Initialises openreg explicitly (otherwise the first use does)."""
+    _lazy_init()
+
+
+def _get_device_index(device: Any, optional: bool = False) -> int:
+    """Device index of an int, "openreg:N" string or torch.device.
+
+    With ``optional``, ``None`` and an index-less "openreg" give the current
+    device.
+    """
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "openreg":
+            raise ValueError(f"Expected an openreg device, but got: {device}")
+        index = device.index
+    elif device is None:
+        index = None
+    elif isinstance(device, int):
+        index = device
+    else:
+        raise TypeError(f"Expected an int, str or torch.device, got {type(device).__name__}")
+    if index is None:
+        if not optional:
+            raise ValueError(f"Expected an openreg device with an index, got {device!r}")
+        return current_device()
+    return index
+
+
+def current_device() -> int:
+    """Index of the current device of this thread."""
+    _lazy_init()
+    return _C._get_device()
+
+
+def set_device(device: Any) -> None:
+    """Sets the current device; a negative index is ignored (as torch.cuda)."""
+    index = _get_device_index(device)
+    if index >= 0:
+        _lazy_init()
+        _C._set_device(index)
+
+
+class device:
+    """Context manager that makes ``device`` current and restores the previous one."""
+
+    def __init__(self, device: Any) -> None:
+        self.idx = -1 if device is None else _get_device_index(device, optional=True)
+        self.prev_idx = -1
+
+    def __enter__(self) -> None:
+        if self.idx >= 0:
+            _lazy_init()
+            self.prev_idx = _C._exchange_device(self.idx)
+
+    def __exit__(self, *args: object) -> None:
+        if self.idx >= 0:
+            _C._exchange_device(self.prev_idx)
+
+
+class device_of(device):
+    """Makes the device of a tensor current; a no-op for non-openreg tensors."""
+
+    def __init__(self, obj: torch.Tensor) -> None:
+        super().__init__(obj.get_device() if obj.is_openreg else -1)
+
+
+def synchronize(device: Any = None) -> None:
+    """Waits for all work on all streams of a device (default: current)."""
+    _lazy_init()
+    _C._synchronize(_get_device_index(device, optional=True))
+
+
+def get_device_properties(device: Any = None) -> Any:
+    """Name, total_memory, major, minor and multi_processor_count of a device."""
+    _lazy_init()
+    index = _get_device_index(device, optional=True)
+    return _C._get_device_properties(index)
+
+
+def get_device_name(device: Any = None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    prop = get_device_properties(device)
+    return prop.major, prop.minor
