@@ -84,7 +84,10 @@ orError_t orEventRecord(orEvent_t event, orStream_t stream) {
     version = ++st->recorded;
     st->pending.insert(version);
   }
-  stream->enqueue([st, version] {
+  // A marker: the event completes in the same step as the stream counts the
+  // record done. Lock order: stream lock, then event lock (nothing takes
+  // them the other way round).
+  stream->enqueue_marker([st, version] {
     {
       std::lock_guard<std::mutex> lock(st->mu);
       st->pending.erase(version);

@@ -103,6 +103,11 @@ struct orStream {
 
   // Appends work; returns at once.
   void enqueue(std::function<void()> task);
+  // Appends a marker (an event record): when the worker reaches it, `signal`
+  // runs under the stream's lock in the same step that counts it completed,
+  // so "the event completed" and "the stream is idle" are never observed to
+  // disagree. `signal` must be short and must not call into this stream.
+  void enqueue_marker(std::function<void()> signal);
   // True once all work enqueued so far has finished.
   bool idle();
   // Blocks until all work enqueued before the call has finished, then returns
@@ -112,6 +117,11 @@ struct orStream {
   void record_error(orError_t err);
 
   // private to stream.cpp:
+  struct Task {
+    std::function<void()> fn;
+    bool marker;  // see enqueue_marker
+  };
+  void push(Task task);
   void run();
 
   Device* dev_;
@@ -120,7 +130,7 @@ struct orStream {
   std::mutex mu_;  // guards everything below
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
-  std::deque<std::function<void()>> queue_;
+  std::deque<Task> queue_;
   uint64_t enqueued_ = 0;
   uint64_t completed_ = 0;
   orError_t error_ = orSuccess;

@@ -21,6 +21,14 @@ orStream::~orStream() {
 }
 
 void orStream::enqueue(std::function<void()> task) {
+  push(Task{std::move(task), false});
+}
+
+void orStream::enqueue_marker(std::function<void()> signal) {
+  push(Task{std::move(signal), true});
+}
+
+void orStream::push(Task task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(task));
@@ -62,11 +70,19 @@ void orStream::run() {
     if (queue_.empty()) {
       return;  // stop_ and drained
     }
-    std::function<void()> task = std::move(queue_.front());
+    Task task = std::move(queue_.front());
     queue_.pop_front();
+    if (task.marker) {
+      // Signalled and counted in one critical section (see enqueue_marker).
+      task.fn();
+      task.fn = nullptr;
+      ++completed_;
+      done_cv_.notify_all();
+      continue;
+    }
     lock.unlock();
-    task();
-    task = nullptr;  // release captures before reporting completion
+    task.fn();
+    task.fn = nullptr;  // release captures before reporting completion
     lock.lock();
     ++completed_;
     done_cv_.notify_all();

@@ -87,6 +87,24 @@ TEST_F(EventTest, RecordOnDefaultStream) {
   OR_EXPECT_OK(orEventQuery(event.get()));
 }
 
+TEST_F(EventTest, CompletedEventImpliesIdleStreamAndViceVersa) {
+  // Once the last work of a stream is an event record, "the event has
+  // completed" and "the stream has finished" must agree, whichever of the
+  // two a thread waits for.
+  StreamHandle stream;
+  EventHandle event;
+  for (int i = 0; i < 300; ++i) {
+    OR_ASSERT_OK(orEventRecord(event.get(), stream.get()));
+    if (i % 2 == 0) {
+      OR_ASSERT_OK(orEventSynchronize(event.get()));
+      ASSERT_EQ(orSuccess, orStreamQuery(stream.get())) << "iteration " << i;
+    } else {
+      OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+      ASSERT_EQ(orSuccess, orEventQuery(event.get())) << "iteration " << i;
+    }
+  }
+}
+
 TEST_F(EventTest, ReRecordingTracksTheLatestRecord) {
   StreamHandle stream;
   EventHandle event;

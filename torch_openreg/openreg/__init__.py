@@ -61,6 +61,11 @@ class DeferredOpenRegCallError(Exception):
     """A call queued before initialisation (e.g. manual_seed) failed."""
 
 
+def _is_in_bad_fork() -> bool:
+    """True in a child forked after openreg was initialised (torch.random asks)."""
+    return _C._is_in_bad_fork()
+
+
 def is_available() -> bool:
     """True if at least one openreg device exists (never initialises them)."""
     return device_count() > 0

@@ -1,0 +1,66 @@
+# openreg: the two commands are `make demo` and `make test`; both start from a
+# bare machine (no venv, nothing built) and are incremental afterwards.
+#
+#   make demo         set up, build, train a model on openreg (progress bar)
+#   make test         set up, build, run the runtime gtests and the pytest suite
+#   make bench        set up, build, run the openreg/CPU benchmarks
+#   make format lint  clang-format + ruff
+#
+# Variables: BUILD_TYPE (Release), SANITIZE (e.g. address,undefined), PYTHON.
+
+PYTHON ?= python3
+VENV ?= .venv
+BUILD_TYPE ?= Release
+SANITIZE ?=
+BUILD_DIR ?= build/$(shell echo $(BUILD_TYPE) | tr A-Z a-z)$(if $(SANITIZE),-$(subst $(comma),-,$(SANITIZE)))
+comma := ,
+PY := $(VENV)/bin/python
+export OPENREG_BUILD_TYPE := $(BUILD_TYPE)
+export OPENREG_SANITIZE := $(SANITIZE)
+export OPENREG_BUILD_DIR := $(abspath $(BUILD_DIR))
+
+CPP_SOURCES := $(shell find runtime csrc -name '*.cpp' -o -name '*.h')
+
+.PHONY: all setup build demo test test-runtime test-python bench format lint clean
+
+all: build
+
+# System packages (GoogleTest, clang-format) and the virtualenv.
+$(VENV)/.stamp: requirements.txt scripts/setup_system.sh
+	bash scripts/setup_system.sh
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -r requirements.txt
+	touch $@
+
+setup: $(VENV)/.stamp
+
+# CMake is driven by setup.py; the build tree persists, so this is incremental.
+build: setup
+	PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/pip install --quiet \
+	    --no-build-isolation --no-deps -e .
+
+demo: build
+	$(PY) examples/train_demo.py
+
+test-runtime: build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure
+
+test-python: build
+	$(PY) -m pytest -q tests
+
+test: test-runtime test-python
+
+bench: build
+	$(PY) benchmarks/bench.py
+
+format: setup
+	clang-format -i $(CPP_SOURCES) $(shell find runtime/tests -name '*.cpp')
+	$(VENV)/bin/ruff format torch_openreg tests benchmarks examples setup.py
+
+lint: setup
+	clang-format --dry-run --Werror $(CPP_SOURCES)
+	$(VENV)/bin/ruff check torch_openreg tests benchmarks examples setup.py
+
+clean:
+	rm -rf build torch_openreg/_C*.so
