@@ -4,6 +4,7 @@
 #include <linux/falloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -20,11 +21,15 @@ size_t page_size() {
   return page;
 }
 
-// Returns the physical pages of the whole pages inside [begin, end) of the
-// arena to the system. The range must be free.
-void release_pages(Device& dev, size_t begin, size_t end) {
-  size_t first = round_up(begin, page_size());
-  size_t last = end / page_size() * page_size();
+// Returns to the system the physical pages that the freed block
+// [block_begin, block_end) touched, as far as they lie wholly inside the free
+// range [begin, end) it was merged into. Pages of the neighbours were
+// released when those were freed, so only the block's own pages are punched.
+void release_pages(Device& dev, size_t begin, size_t end, size_t block_begin,
+                   size_t block_end) {
+  size_t page = page_size();
+  size_t first = std::max(round_up(begin, page), block_begin / page * page);
+  size_t last = std::min(end / page * page, round_up(block_end, page));
   if (last <= first) {
     return;
   }
@@ -193,6 +198,8 @@ orError_t orFree(void* ptr) {
   }
   size_t begin = offset;
   size_t end = offset + it->second;
+  const size_t block_begin = begin;
+  const size_t block_end = end;
   dev->used -= it->second;
   dev->live.erase(it);
   // Merge with the free neighbours.
@@ -209,7 +216,7 @@ orError_t orFree(void* ptr) {
     }
   }
   dev->free_ranges.emplace(begin, end - begin);
-  release_pages(*dev, begin, end);
+  release_pages(*dev, begin, end, block_begin, block_end);
   return orSuccess;
 }
 
