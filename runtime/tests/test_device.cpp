@@ -239,7 +239,9 @@ TEST(ErrorStringTest, EveryCodeHasItsNameAndADistinctDescription) {
 }
 
 TEST(ErrorStringTest, UnknownCodes) {
-  for (int code : {13, 14, 100, 999, -1, INT_MAX, INT_MIN}) {
+  // The values a C++ caller can form without UB (the enum's range is 0..15);
+  // the lookup treats any other int the same way.
+  for (int code : {13, 14, 15}) {
     SCOPED_TRACE(code);
     auto err = static_cast<orError_t>(code);
     ASSERT_NE(nullptr, orGetErrorString(err));

@@ -403,8 +403,9 @@ TEST_F(MemoryTest, MemcpyWrongKindIsInvalidDirection) {
       {host, dev.get(), orMemcpyHostToHost},
       {dev.get(), dev2.get(), orMemcpyHostToHost},
       {dev.get(), host, static_cast<orMemcpyKind>(5)},
-      {host, host2, static_cast<orMemcpyKind>(-1)},
-      {host, host2, static_cast<orMemcpyKind>(1000)},
+      // (C++ only allows values in the enum's range 0..7 without UB.)
+      {host, host2, static_cast<orMemcpyKind>(6)},
+      {dev.get(), dev2.get(), static_cast<orMemcpyKind>(7)},
   };
   for (const Case& c : kCases) {
     SCOPED_TRACE(static_cast<int>(c.kind));
