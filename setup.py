@@ -48,7 +48,12 @@ class CMakeBuild(build_ext):
         built = list((build_dir / "csrc").glob("_C*.so"))
         if len(built) != 1:
             raise RuntimeError(f"expected one _C*.so in {build_dir / 'csrc'}, found {built}")
-        shutil.copy2(built[0], self.get_ext_fullpath(ext.name))
+        # Copy then rename: processes that have the old module loaded keep
+        # their mapping instead of seeing the file rewritten under them.
+        target = Path(self.get_ext_fullpath(ext.name))
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.copy2(built[0], tmp)
+        os.replace(tmp, target)
 
 
 setup(
