@@ -44,7 +44,7 @@ demo: build
 	$(PY) examples/train_demo.py
 
 test-runtime: build
-	ctest --test-dir $(BUILD_DIR) --output-on-failure
+	$(VENV)/bin/ctest --test-dir $(BUILD_DIR) --output-on-failure
 
 test-python: build
 	$(PY) -m pytest -q tests
