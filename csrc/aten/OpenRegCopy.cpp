@@ -49,7 +49,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
   // otherwise on the source's.
   const c10::DeviceIndex device =
       is_openreg(dst) ? dst.device().index() : self.device().index();
-  const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+  const c10::DeviceGuard guard(
+      c10::Device(c10::DeviceType::PrivateUse1, device));
   if (is_openreg(self) && is_openreg(dst) &&
       self.device().index() != dst.device().index()) {
     // Cross-device: wait for the source device's producing work too.
@@ -57,8 +58,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
   }
   launch(device, [&] {
     if (can_memcpy(self, dst)) {
-      OPENREG_CHECK(orMemcpy(dst.data_ptr(), self.const_data_ptr(), dst.nbytes(),
-                             kind_of(self, dst)));
+      OPENREG_CHECK(orMemcpy(dst.data_ptr(), self.const_data_ptr(),
+                             dst.nbytes(), kind_of(self, dst)));
       return;
     }
     // General case: PyTorch's CPU copy kernel over the kernel views handles

@@ -142,8 +142,8 @@ c10::Device find_device(const c10::OperatorHandle& op,
     });
   }
   if (device) {
-    TORCH_CHECK(!other || (other->is_cpu() && accepts_cpu_tensors(
-                                                  op.schema().operator_name())),
+    TORCH_CHECK(!other || (other->is_cpu() &&
+                           accepts_cpu_tensors(op.schema().operator_name())),
                 "Expected all tensors to be on the same device, but found at "
                 "least two devices, ",
                 *device, " and ", *other, "! (when checking arguments for ",

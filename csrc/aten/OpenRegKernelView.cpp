@@ -39,8 +39,8 @@ at::Tensor device_alias(const c10::Storage& storage, const at::Tensor& like) {
   at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
       c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
       like.dtype());
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(
-      like.sizes(), like.strides(), like.storage_offset());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(),
+                                                   like.storage_offset());
   out._set_conj(like.is_conj());
   out._set_neg(like.is_neg());
   return out;

@@ -39,8 +39,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size,
   check_factory_args(layout, pin_memory);
   const c10::OptionalDeviceGuard guard(device);
   return at::detail::empty_generic(size, device_allocator(), kKeySet,
-                                   c10::dtype_or_default(dtype),
-                                   memory_format);
+                                   c10::dtype_or_default(dtype), memory_format);
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -50,9 +49,8 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<bool> pin_memory) {
   check_factory_args(layout, pin_memory);
   const c10::OptionalDeviceGuard guard(device);
-  return at::detail::empty_strided_generic(size, stride, device_allocator(),
-                                           kKeySet,
-                                           c10::dtype_or_default(dtype));
+  return at::detail::empty_strided_generic(
+      size, stride, device_allocator(), kKeySet, c10::dtype_or_default(dtype));
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,

@@ -13,25 +13,25 @@ std::string format_error(orError_t err, const char* expr);
 
 // Checks a runtime call; throws a c10::Error naming the call and the error.
 // An out-of-memory code becomes torch.OutOfMemoryError.
-#define OPENREG_CHECK(EXPR)                                                  \
-  do {                                                                       \
-    const orError_t openreg_err_ = (EXPR);                                   \
-    if (C10_UNLIKELY(openreg_err_ != orSuccess)) {                           \
-      TORCH_CHECK_WITH(OutOfMemoryError,                                     \
-                       openreg_err_ != orErrorMemoryAllocation,              \
-                       ::openreg::format_error(openreg_err_, #EXPR));        \
-      TORCH_CHECK(false, ::openreg::format_error(openreg_err_, #EXPR));      \
-    }                                                                        \
+#define OPENREG_CHECK(EXPR)                                             \
+  do {                                                                  \
+    const orError_t openreg_err_ = (EXPR);                              \
+    if (C10_UNLIKELY(openreg_err_ != orSuccess)) {                      \
+      TORCH_CHECK_WITH(OutOfMemoryError,                                \
+                       openreg_err_ != orErrorMemoryAllocation,         \
+                       ::openreg::format_error(openreg_err_, #EXPR));   \
+      TORCH_CHECK(false, ::openreg::format_error(openreg_err_, #EXPR)); \
+    }                                                                   \
   } while (0)
 
 // For destructors and noexcept code: warns instead of throwing. A forked
 // child may not touch the runtime; objects inherited from the parent are
 // released silently there.
-#define OPENREG_CHECK_WARN(EXPR)                                             \
-  do {                                                                       \
-    const orError_t openreg_err_ = (EXPR);                                   \
-    if (C10_UNLIKELY(openreg_err_ != orSuccess &&                            \
-                     openreg_err_ != orErrorInitializedInParent)) {          \
-      TORCH_WARN(::openreg::format_error(openreg_err_, #EXPR));              \
-    }                                                                        \
+#define OPENREG_CHECK_WARN(EXPR)                                    \
+  do {                                                              \
+    const orError_t openreg_err_ = (EXPR);                          \
+    if (C10_UNLIKELY(openreg_err_ != orSuccess &&                   \
+                     openreg_err_ != orErrorInitializedInParent)) { \
+      TORCH_WARN(::openreg::format_error(openreg_err_, #EXPR));     \
+    }                                                               \
   } while (0)

@@ -27,8 +27,8 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream exchangeStream(c10::Stream s) const override;
   void* getStreamNativeHandle(const c10::Stream s) const override;
 
-  void destroyEvent(void* event,
-                    const c10::DeviceIndex device_index) const noexcept override;
+  void destroyEvent(
+      void* event, const c10::DeviceIndex device_index) const noexcept override;
   void record(void** event, const c10::Stream& stream,
               const c10::DeviceIndex device_index,
               const c10::EventFlag flag) const override;

@@ -39,8 +39,7 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
     return openreg::exchange_device(device);
   }
 
-  c10::DeviceIndex maybeExchangeDevice(
-      c10::DeviceIndex device) const override {
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
     return openreg::maybe_exchange_device(device);
   }
 

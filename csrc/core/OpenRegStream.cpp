@@ -72,11 +72,11 @@ orStream_t native_stream(const c10::Stream& stream) {
   TORCH_INTERNAL_ASSERT(stream.device_type() == c10::DeviceType::PrivateUse1);
   DeviceStreams& ds = streams_of(stream.device_index());
   std::lock_guard<std::mutex> lock(ds.mutex);
-  TORCH_CHECK(stream.id() >= 0 &&
-                  static_cast<size_t>(stream.id()) < ds.table.size(),
-              "Invalid openreg stream id ", stream.id(), " on device ",
-              static_cast<int>(stream.device_index()), " (", ds.table.size(),
-              " streams exist)");
+  TORCH_CHECK(
+      stream.id() >= 0 && static_cast<size_t>(stream.id()) < ds.table.size(),
+      "Invalid openreg stream id ", stream.id(), " on device ",
+      static_cast<int>(stream.device_index()), " (", ds.table.size(),
+      " streams exist)");
   return ds.table[static_cast<size_t>(stream.id())];
 }
 

@@ -58,10 +58,11 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
         size_t total = 0;
         OPENREG_CHECK(orMemGetInfo(&free_bytes, &total));
         TORCH_CHECK_WITH(
-            OutOfMemoryError, false, "openreg out of memory. Tried to allocate ",
-            format_size(nbytes), ". Device ", static_cast<int>(device),
-            " has a total capacity of ", format_size(total), " of which ",
-            format_size(free_bytes), " is free. Of the allocated memory ",
+            OutOfMemoryError, false,
+            "openreg out of memory. Tried to allocate ", format_size(nbytes),
+            ". Device ", static_cast<int>(device), " has a total capacity of ",
+            format_size(total), " of which ", format_size(free_bytes),
+            " is free. Of the allocated memory ",
             format_size(stats_snapshot(device).allocated_bytes[0].current),
             " is allocated by PyTorch. Set OPENREG_DEVICE_MEMORY to simulate "
             "a larger device.");
@@ -145,8 +146,8 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
   };
 
   static std::array<c10::CachingAllocator::StatArray*, 7> all_arrays(Stats& s) {
-    return {&s.allocation,      &s.segment,        &s.active,
-            &s.inactive_split,  &s.allocated_bytes, &s.reserved_bytes,
+    return {&s.allocation,     &s.segment,         &s.active,
+            &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
             &s.active_bytes};
   }
 
@@ -172,9 +173,9 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
       return;
     }
     PerDevice& d = per_device_[static_cast<size_t>(b.device)];
-    auto pool = static_cast<size_t>(b.size <= kSmallSize
-                                        ? c10::CachingAllocator::StatType::SMALL_POOL
-                                        : c10::CachingAllocator::StatType::LARGE_POOL);
+    auto pool = static_cast<size_t>(
+        b.size <= kSmallSize ? c10::CachingAllocator::StatType::SMALL_POOL
+                             : c10::CachingAllocator::StatType::LARGE_POOL);
     std::lock_guard<std::mutex> lock(d.mutex);
     Stats& s = d.stats;
     for (size_t i : {size_t{0}, pool}) {

@@ -2,7 +2,6 @@
 
 #include <ATen/core/Tensor.h>
 
-
 #include <array>
 #include <memory>
 #include <mutex>

@@ -99,13 +99,13 @@ OPENREG_API orError_t orRuntimeGetVersion(int* version);
 /* ------------------------------------------------------------------------ */
 
 typedef struct orDeviceProp {
-  char name[64];           /* "openreg simulated device" */
-  size_t totalGlobalMem;   /* capacity in bytes */
-  int major;               /* capability major version */
-  int minor;               /* capability minor version */
-  int multiProcessorCount; /* simulated compute units */
-  int pciBusID;            /* equals the device ordinal */
-  int streamPriorityLeast; /* numerically largest (lowest) priority */
+  char name[64];              /* "openreg simulated device" */
+  size_t totalGlobalMem;      /* capacity in bytes */
+  int major;                  /* capability major version */
+  int minor;                  /* capability minor version */
+  int multiProcessorCount;    /* simulated compute units */
+  int pciBusID;               /* equals the device ordinal */
+  int streamPriorityLeast;    /* numerically largest (lowest) priority */
   int streamPriorityGreatest; /* numerically smallest (highest) priority */
 } orDeviceProp;
 
@@ -125,8 +125,7 @@ OPENREG_API orError_t orMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 OPENREG_API orError_t orDeviceSynchronize(void);
 /* Stream priorities accepted by orStreamCreateWithPriority: lower numbers are
  * higher priority, as in CUDA. */
-OPENREG_API orError_t orDeviceGetStreamPriorityRange(int* least,
-                                                     int* greatest);
+OPENREG_API orError_t orDeviceGetStreamPriorityRange(int* least, int* greatest);
 
 /* ------------------------------------------------------------------------ */
 /* Memory                                                                   */
@@ -155,9 +154,9 @@ typedef enum orMemoryType {
 
 typedef struct orPointerAttributes {
   orMemoryType type;
-  int device;       /* owning device, -1 for host memory */
-  void* base;       /* start of the allocation that contains the pointer */
-  size_t size;      /* size of that allocation in bytes */
+  int device;  /* owning device, -1 for host memory */
+  void* base;  /* start of the allocation that contains the pointer */
+  size_t size; /* size of that allocation in bytes */
 } orPointerAttributes;
 
 /* Describes any pointer, including pointers into the middle of an

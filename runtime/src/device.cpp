@@ -21,7 +21,7 @@ namespace {
 constexpr int kDefaultDeviceCount = 2;
 constexpr int kMaxDeviceCount = 16;
 constexpr size_t kDefaultCapacity = size_t{4} << 30;  // 4 GiB per device
-constexpr size_t kMinCapacity = size_t{1} << 20;       // 1 MiB
+constexpr size_t kMinCapacity = size_t{1} << 20;      // 1 MiB
 constexpr int kPriorityLeast = 0;
 constexpr int kPriorityGreatest = -1;
 

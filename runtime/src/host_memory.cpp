@@ -12,8 +12,8 @@ namespace openreg_rt {
 namespace {
 
 struct HostRegistry {
-  std::mutex mutex;                       // guards `blocks`
-  std::map<uintptr_t, size_t> blocks;     // base address -> size
+  std::mutex mutex;                    // guards `blocks`
+  std::map<uintptr_t, size_t> blocks;  // base address -> size
 };
 
 HostRegistry& registry() {
@@ -22,8 +22,7 @@ HostRegistry& registry() {
 }
 
 // Caller holds the registry mutex.
-bool find_block(HostRegistry& r, const void* p, uintptr_t* base,
-                size_t* size) {
+bool find_block(HostRegistry& r, const void* p, uintptr_t* base, size_t* size) {
   auto addr = reinterpret_cast<uintptr_t>(p);
   auto it = r.blocks.upper_bound(addr);
   if (it == r.blocks.begin()) {

@@ -34,8 +34,8 @@ void release_pages(Device& dev, size_t begin, size_t end, size_t block_begin,
     return;
   }
   if (fallocate(dev.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                static_cast<off_t>(first), static_cast<off_t>(last - first)) !=
-      0) {
+                static_cast<off_t>(first),
+                static_cast<off_t>(last - first)) != 0) {
     // Not fatal: the memory stays resident but remains correct.
     std::perror("openreg: fallocate(PUNCH_HOLE)");
   }
@@ -43,7 +43,8 @@ void release_pages(Device& dev, size_t begin, size_t end, size_t block_begin,
 
 // Finds the live block containing p. Caller holds dev.mem_mutex.
 bool find_live(Device& dev, const void* p, size_t* base, size_t* size) {
-  size_t off = static_cast<size_t>(static_cast<const char*>(p) - dev.device_base);
+  size_t off =
+      static_cast<size_t>(static_cast<const char*>(p) - dev.device_base);
   auto it = dev.live.upper_bound(off);
   if (it == dev.live.begin()) {
     return false;
@@ -66,7 +67,8 @@ bool range_is_live(Device& dev, const void* p, size_t n) {
   if (!find_live(dev, p, &base, &size)) {
     return false;
   }
-  size_t off = static_cast<size_t>(static_cast<const char*>(p) - dev.device_base);
+  size_t off =
+      static_cast<size_t>(static_cast<const char*>(p) - dev.device_base);
   // off lies in [base, base + size), so the subtraction cannot wrap; the
   // obvious `off + n <= base + size` overflows for huge n.
   return n <= base + size - off;
@@ -115,10 +117,10 @@ orError_t check_copy(void* dst, const void* src, size_t count,
   bool dst_is_dev = d.where == Where::kDevice;
   bool src_is_dev = s.where == Where::kDevice;
   if (kind != orMemcpyDefault) {
-    bool want_dst = kind == orMemcpyHostToDevice ||
-                    kind == orMemcpyDeviceToDevice;
-    bool want_src = kind == orMemcpyDeviceToHost ||
-                    kind == orMemcpyDeviceToDevice;
+    bool want_dst =
+        kind == orMemcpyHostToDevice || kind == orMemcpyDeviceToDevice;
+    bool want_src =
+        kind == orMemcpyDeviceToHost || kind == orMemcpyDeviceToDevice;
     if (want_dst != dst_is_dev || want_src != src_is_dev) {
       return orErrorInvalidMemcpyDirection;
     }
@@ -156,8 +158,7 @@ orError_t orMalloc(void** ptr, size_t size) {
   std::lock_guard<std::mutex> lock(dev->mem_mutex);
   // Best fit: the smallest free range that holds the request.
   auto best = dev->free_ranges.end();
-  for (auto it = dev->free_ranges.begin(); it != dev->free_ranges.end();
-       ++it) {
+  for (auto it = dev->free_ranges.begin(); it != dev->free_ranges.end(); ++it) {
     if (it->second >= need &&
         (best == dev->free_ranges.end() || it->second < best->second)) {
       best = it;
@@ -190,7 +191,8 @@ orError_t orFree(void* ptr) {
   if (dev == nullptr) {
     return orErrorInvalidDevicePointer;
   }
-  size_t offset = static_cast<size_t>(static_cast<char*>(ptr) - dev->device_base);
+  size_t offset =
+      static_cast<size_t>(static_cast<char*>(ptr) - dev->device_base);
   std::lock_guard<std::mutex> lock(dev->mem_mutex);
   auto it = dev->live.find(offset);
   if (it == dev->live.end()) {

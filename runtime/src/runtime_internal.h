@@ -41,10 +41,10 @@ struct Device {
   char* device_base = nullptr;
   char* kernel_base = nullptr;
 
-  std::mutex mem_mutex;                 // guards the three fields below
-  std::map<size_t, size_t> live;        // offset -> size of live blocks
-  std::map<size_t, size_t> free_ranges; // offset -> size, coalesced
-  size_t used = 0;                      // bytes in live blocks
+  std::mutex mem_mutex;                  // guards the three fields below
+  std::map<size_t, size_t> live;         // offset -> size of live blocks
+  std::map<size_t, size_t> free_ranges;  // offset -> size, coalesced
+  size_t used = 0;                       // bytes in live blocks
 
   std::mutex streams_mutex;          // guards `streams`
   std::set<Stream*> streams;         // every live stream of the device
@@ -138,11 +138,10 @@ struct orStream {
   std::thread worker_;
 };
 
-
-#define OR_RETURN_IF_ERROR(expr)       \
-  do {                                 \
-    orError_t or_err_ = (expr);        \
-    if (or_err_ != orSuccess) {        \
-      return or_err_;                  \
-    }                                  \
+#define OR_RETURN_IF_ERROR(expr) \
+  do {                           \
+    orError_t or_err_ = (expr);  \
+    if (or_err_ != orSuccess) {  \
+      return or_err_;            \
+    }                            \
   } while (0)
