@@ -23,6 +23,7 @@ namespace {
 
 constexpr size_t kSmallSize = size_t{1} << 20;  // CUDA's small-pool limit
 constexpr int kMaxDevices = 16;
+constexpr size_t kRuntimeAlignment = 512;  // orMalloc's allocation unit
 
 // What a DataPtr's context holds: enough to free and account the block.
 struct Block {
@@ -176,16 +177,22 @@ class OpenRegDeviceAllocator final : public c10::DeviceAllocator {
     auto pool = static_cast<size_t>(
         b.size <= kSmallSize ? c10::CachingAllocator::StatType::SMALL_POOL
                              : c10::CachingAllocator::StatType::LARGE_POOL);
+    const size_t rounded = (b.size + kRuntimeAlignment - 1) /
+                           kRuntimeAlignment * kRuntimeAlignment;
     std::lock_guard<std::mutex> lock(d.mutex);
     Stats& s = d.stats;
     for (size_t i : {size_t{0}, pool}) {
       for (auto* counts : {&s.allocation[i], &s.segment[i], &s.active[i]}) {
         alloc ? counts->increase(1) : counts->decrease(1);
       }
-      for (auto* bytes : {&s.allocated_bytes[i], &s.reserved_bytes[i],
-                          &s.active_bytes[i], &s.requested_bytes[i]}) {
-        alloc ? bytes->increase(b.size) : bytes->decrease(b.size);
+      // The runtime hands out whole 512-byte units, as CUDA's allocator
+      // does: *_bytes count those; requested_bytes counts what was asked.
+      for (auto* bytes :
+           {&s.allocated_bytes[i], &s.reserved_bytes[i], &s.active_bytes[i]}) {
+        alloc ? bytes->increase(rounded) : bytes->decrease(rounded);
       }
+      alloc ? s.requested_bytes[i].increase(b.size)
+            : s.requested_bytes[i].decrease(b.size);
     }
     alloc ? ++s.num_device_alloc : ++s.num_device_free;
   }
