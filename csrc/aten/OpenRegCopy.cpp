@@ -8,6 +8,7 @@
 
 #include "aten/OpenRegKernelView.h"
 #include "core/OpenRegException.h"
+#include "memory/OpenRegAllocator.h"
 
 namespace openreg {
 
@@ -32,8 +33,28 @@ orMemcpyKind kind_of(const at::Tensor& src, const at::Tensor& dst) {
   return orMemcpyHostToDevice;
 }
 
+// A non_blocking copy between pinned host memory and the device is queued on
+// the current stream and returns at once, as on CUDA. The pinned block is
+// kept from reuse until the copy has run (record_event).
+bool try_async_pinned_copy(const at::Tensor& src, const at::Tensor& dst,
+                           c10::DeviceIndex device) {
+  const at::Tensor& host = is_openreg(src) ? dst : src;
+  if (is_openreg(host) || !can_memcpy(src, dst) ||
+      !is_pinned_ptr(host.const_data_ptr())) {
+    return false;
+  }
+  const OpenRegStream stream = getCurrentStream(device);
+  OPENREG_CHECK(orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(),
+                              dst.nbytes(), kind_of(src, dst),
+                              stream.native()));
+  host_allocator()->record_event(host.storage().mutable_data(),
+                                 host.storage().data_ptr().get_context(),
+                                 stream.unwrap());
+  return true;
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
-                     bool /*non_blocking*/) {
+                     bool non_blocking) {
   // `self` is the source. Either side may be on the CPU; CPU sides must be
   // plain strided CPU tensors.
   for (const at::Tensor* t : {&self, &dst}) {
@@ -55,6 +76,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
       self.device().index() != dst.device().index()) {
     // Cross-device: wait for the source device's producing work too.
     getCurrentStream(self.device().index()).synchronize();
+  }
+  if (non_blocking && try_async_pinned_copy(self, dst, device)) {
+    return dst;
   }
   launch(device, [&] {
     if (can_memcpy(self, dst)) {

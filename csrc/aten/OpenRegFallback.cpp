@@ -166,8 +166,10 @@ at::Tensor to_device(const at::Tensor& result, c10::Device device) {
   at::Tensor out = at::empty_strided(src.sizes(), src.strides(),
                                      src.options().device(device));
   if (src.numel() != 0) {
-    OPENREG_CHECK(orMemcpy(out.data_ptr(), src.const_data_ptr(), src.nbytes(),
-                           orMemcpyHostToDevice));
+    // Ordered on the current stream; a pageable source makes it synchronous.
+    OPENREG_CHECK(orMemcpyAsync(out.data_ptr(), src.const_data_ptr(),
+                                src.nbytes(), orMemcpyHostToDevice,
+                                getCurrentStream(device.index()).native()));
   }
   out._set_conj(src.is_conj());
   out._set_neg(src.is_neg());

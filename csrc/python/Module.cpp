@@ -9,6 +9,7 @@
 
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
+#include "memory/OpenRegAllocator.h"
 #include "random/OpenRegGenerator.h"
 
 namespace py = pybind11;
@@ -48,6 +49,54 @@ void synchronize(c10::DeviceIndex device) {
   OPENREG_CHECK(orDeviceSynchronize());
 }
 
+py::list snapshot_to_python() {
+  py::list segments;
+  for (const SegmentSnapshot& seg : memory_snapshot()) {
+    py::dict d;
+    d["device"] = static_cast<int>(seg.device);
+    d["address"] = seg.address;
+    d["total_size"] = seg.total_size;
+    d["allocated_size"] = seg.allocated_size;
+    d["active_size"] = seg.active_size;
+    d["requested_size"] = seg.requested_size;
+    d["stream"] = seg.stream;
+    d["segment_type"] = seg.is_small ? "small" : "large";
+    py::list blocks;
+    for (const BlockSnapshot& b : seg.blocks) {
+      py::dict bd;
+      bd["address"] = b.address;
+      bd["size"] = b.size;
+      bd["requested_size"] = b.requested_size;
+      bd["state"] = b.state;
+      blocks.append(bd);
+    }
+    d["blocks"] = blocks;
+    segments.append(d);
+  }
+  return segments;
+}
+
+py::dict stat_to_python(const c10::CachingAllocator::Stat& s) {
+  py::dict d;
+  d["current"] = s.current;
+  d["peak"] = s.peak;
+  d["allocated"] = s.allocated;
+  d["freed"] = s.freed;
+  return d;
+}
+
+py::dict host_stats() {
+  at::HostStats s = host_allocator()->get_stats();
+  py::dict d;
+  d["allocations"] = stat_to_python(s.allocations);
+  d["allocated_bytes"] = stat_to_python(s.allocated_bytes);
+  d["active_requests"] = stat_to_python(s.active_requests);
+  d["active_bytes"] = stat_to_python(s.active_bytes);
+  d["num_host_alloc"] = s.num_host_alloc;
+  d["num_host_free"] = s.num_host_free;
+  return d;
+}
+
 }  // namespace
 
 }  // namespace openreg
@@ -74,6 +123,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_exchange_device", &exchange_device, py::arg("device"));
   m.def("_synchronize", &synchronize, py::arg("device"));
   m.def("_get_device_properties", &get_device_properties, py::arg("device"));
+  m.def("_set_memory_fraction", &set_memory_fraction, py::arg("fraction"),
+        py::arg("device"));
+  m.def("_get_memory_fraction", &get_memory_fraction, py::arg("device"));
+  m.def("_memory_snapshot", &snapshot_to_python);
+  m.def("_host_memory_stats", &host_stats);
+  m.def("_host_empty_cache", [] { host_allocator()->empty_cache(); });
+  m.def("_host_reset_peak_stats", [] { host_allocator()->reset_peak_stats(); });
+  m.def("_host_reset_accumulated_stats",
+        [] { host_allocator()->reset_accumulated_stats(); });
   m.def(
       "_get_default_generator",
       [](c10::DeviceIndex device) {
