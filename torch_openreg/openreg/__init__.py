@@ -15,6 +15,24 @@ import torch
 
 from torch_openreg import _C
 
+from .memory import (
+    empty_cache,
+    get_per_process_memory_fraction,
+    host_memory_stats,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_snapshot,
+    memory_stats,
+    memory_summary,
+    reset_accumulated_host_memory_stats,
+    reset_accumulated_memory_stats,
+    reset_peak_host_memory_stats,
+    reset_peak_memory_stats,
+    set_per_process_memory_fraction,
+)
 from .random import (
     get_rng_state,
     get_rng_state_all,
@@ -29,6 +47,22 @@ from .random import (
 
 __all__ = [
     "current_device",
+    "empty_cache",
+    "get_per_process_memory_fraction",
+    "host_memory_stats",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_snapshot",
+    "memory_stats",
+    "memory_summary",
+    "reset_accumulated_host_memory_stats",
+    "reset_accumulated_memory_stats",
+    "reset_peak_host_memory_stats",
+    "reset_peak_memory_stats",
+    "set_per_process_memory_fraction",
     "device",
     "device_count",
     "device_of",
