@@ -211,6 +211,11 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t first = stack->size() - num_args;
   auto args = torch::jit::last(*stack, num_args);
 
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      op.hasKernelForDispatchKey(c10::DispatchKey::CPU),
+      "The operator '", schema.name(),
+      "' has no openreg kernel, and the CPU fallback cannot run it because "
+      "it has no CPU kernel either.");
   const c10::Device device = find_device(op, args);
   const c10::DeviceGuard guard(device);
 

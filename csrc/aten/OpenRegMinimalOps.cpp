@@ -119,6 +119,12 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   return at::native::_local_scalar_dense_cpu(host.resolve_conj().resolve_neg());
 }
 
+// Tensor.record_stream: the caching allocator keeps the block from other
+// streams until `stream` has passed its use.
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  device_allocator()->recordStream(self.storage().data_ptr(), stream);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -133,6 +139,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
   m.impl("set_", TORCH_FN(set_empty));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  m.impl("record_stream", TORCH_FN(record_stream));
 }
 
 }  // namespace openreg
