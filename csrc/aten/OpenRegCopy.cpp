@@ -81,15 +81,18 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
     return dst;
   }
   launch(device, [&] {
-    if (can_memcpy(self, dst)) {
+    // Tensors sharing memory take the kernel path, whose TensorIterator
+    // rejects partial overlap exactly as the CPU does.
+    if (can_memcpy(self, dst) && !self.storage().is_alias_of(dst.storage())) {
       OPENREG_CHECK(orMemcpy(dst.data_ptr(), self.const_data_ptr(),
                              dst.nbytes(), kind_of(self, dst)));
       return;
     }
     // General case: PyTorch's CPU copy kernel over the kernel views handles
     // broadcasting, strides and dtype conversion in one pass.
-    at::Tensor src_view = is_openreg(self) ? kernel_view(self) : self;
-    at::Tensor dst_view = is_openreg(dst) ? kernel_view(dst) : dst;
+    KernelViews views;
+    at::Tensor src_view = is_openreg(self) ? views.view(self) : self;
+    at::Tensor dst_view = is_openreg(dst) ? views.view(dst) : dst;
     dst_view.copy_(src_view);
   });
   return dst;
@@ -101,6 +104,20 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 }
 
 }  // namespace
+
+// The copy handles conjugate and negative bits itself (a raw copy keeps them
+// only when both sides agree; otherwise PyTorch's CPU copy resolves them), so
+// the Conjugate/Negative fallbacks must not materialise them first: that
+// would call clone -> copy_ -> _copy_from again, forever.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(copy_from));

@@ -159,29 +159,6 @@ c10::Device find_device(const c10::OperatorHandle& op,
               " found no openreg tensor or device among its arguments");
 }
 
-// Copies a tensor the CPU kernel created into new device memory.
-at::Tensor to_device(const at::Tensor& result, c10::Device device) {
-  at::Tensor src =
-      result.is_non_overlapping_and_dense() ? result : result.contiguous();
-  at::Tensor out = at::empty_strided(src.sizes(), src.strides(),
-                                     src.options().device(device));
-  if (src.numel() != 0) {
-    // Ordered on the current stream; a pageable source makes it synchronous.
-    OPENREG_CHECK(orMemcpyAsync(out.data_ptr(), src.const_data_ptr(),
-                                src.nbytes(), orMemcpyHostToDevice,
-                                getCurrentStream(device.index()).native()));
-  }
-  out._set_conj(src.is_conj());
-  out._set_neg(src.is_neg());
-  return out;
-}
-
-// A device storage and the kernel address its views start at.
-struct WrappedStorage {
-  void* kernel_base;
-  c10::Storage storage;
-};
-
 // Brings the device argument `dev` up to date with its kernel view `view`
 // after a kernel that may have resized it (out= arguments, set_, resize_).
 void sync_mutated(const at::Tensor& dev, const at::Tensor& view,
@@ -221,7 +198,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   // Keep the original arguments: in-place results return them.
   std::vector<c10::IValue> originals(args.begin(), args.end());
-  std::vector<WrappedStorage> storages;
+  KernelViews views;
   struct Mutated {
     at::Tensor dev;
     at::Tensor view;
@@ -252,8 +229,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       if (!is_openreg(t)) {
         return t;
       }
-      at::Tensor view = kernel_view(t, may_resize);
-      storages.push_back({view.storage().mutable_data(), t.storage()});
+      at::Tensor view = views.view(t, may_resize);
       if (may_resize) {
         mutated.push_back({t, view, view.storage().mutable_data()});
       }
@@ -277,15 +253,10 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (!t.defined() || !t.device().is_cpu()) {
       return t;
     }
-    const void* data = t.storage().data();
-    if (data != nullptr) {
-      for (const WrappedStorage& w : storages) {
-        if (w.kernel_base == data) {
-          return device_alias(w.storage, t);  // a view of an input
-        }
-      }
+    if (const c10::Storage* storage = views.device_storage_of(t)) {
+      return device_alias(*storage, t);  // a view of an input
     }
-    return to_device(t, device);
+    return copy_to_device(t, device);
   };
   for (size_t r = 0; r < num_rets; ++r) {
     c10::IValue& v = (*stack)[ret_first + r];
@@ -310,6 +281,14 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+}
+
+// Functional ops whose generic (CompositeExplicitAutogradNonFunctional)
+// kernel would call the out= variant with a pre-shaped output that the CPU
+// kernel then resizes, warning about it. Sending the functional op itself to
+// the fallback gives the CPU's behaviour.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&fallback>());
 }
 
 }  // namespace openreg

@@ -3,6 +3,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
+#include <ATen/ops/contiguous.h>
+#include <ATen/ops/empty_strided.h>
 
 namespace openreg {
 
@@ -16,23 +18,77 @@ void* kernel_base(const c10::Storage& storage) {
   return kernel;
 }
 
-at::Tensor kernel_view(const at::Tensor& t, bool resizable) {
-  TORCH_INTERNAL_ASSERT(t.device().type() == c10::DeviceType::PrivateUse1);
-  const c10::Storage& storage = t.storage();
-  void* base = kernel_base(storage);
-  // Non-owning: the device tensor keeps the memory alive.
-  c10::DataPtr data(base, c10::Device(c10::DeviceType::CPU));
-  auto cpu_storage = c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), storage.nbytes(), std::move(data),
-      resizable ? c10::GetCPUAllocator() : nullptr, resizable);
+namespace {
+
+at::Tensor make_view(const c10::Storage& cpu_storage, const at::Tensor& t) {
   at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(std::move(cpu_storage)),
-      c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+      c10::Storage(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      t.dtype());
   view.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(),
                                                     t.storage_offset());
   view._set_conj(t.is_conj());
   view._set_neg(t.is_neg());
   return view;
+}
+
+}  // namespace
+
+at::Tensor KernelViews::view(const at::Tensor& t, bool resizable) {
+  TORCH_INTERNAL_ASSERT(t.device().type() == c10::DeviceType::PrivateUse1);
+  c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+  for (Entry& e : entries_) {
+    if (e.device == key) {
+      if (resizable && !e.cpu_storage.resizable()) {
+        // The allocator first: a resizable storage must have one.
+        e.cpu_storage.unsafeGetStorageImpl()->set_allocator(
+            c10::GetCPUAllocator());
+        e.cpu_storage.unsafeGetStorageImpl()->set_resizable(true);
+      }
+      return make_view(e.cpu_storage, t);
+    }
+  }
+  const c10::Storage& storage = t.storage();
+  void* base = kernel_base(storage);
+  // Non-owning: the device tensor keeps the memory alive.
+  c10::DataPtr data(base, c10::Device(c10::DeviceType::CPU));
+  c10::Storage cpu_storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), storage.nbytes(), std::move(data),
+      resizable ? c10::GetCPUAllocator() : nullptr, resizable));
+  entries_.push_back({key, storage, cpu_storage, base});
+  return make_view(cpu_storage, t);
+}
+
+const c10::Storage* KernelViews::device_storage_of(const at::Tensor& cpu) const {
+  const void* data = cpu.storage().data();
+  if (data == nullptr) {
+    return nullptr;
+  }
+  for (const Entry& e : entries_) {
+    if (e.base == data) {
+      return &e.device_storage;
+    }
+  }
+  return nullptr;
+}
+
+at::Tensor kernel_view(const at::Tensor& t, bool resizable) {
+  KernelViews views;
+  return views.view(t, resizable);
+}
+
+at::Tensor copy_to_device(const at::Tensor& cpu, c10::Device device) {
+  at::Tensor src = cpu.is_non_overlapping_and_dense() ? cpu : cpu.contiguous();
+  at::Tensor out = at::empty_strided(src.sizes(), src.strides(),
+                                     src.options().device(device));
+  if (src.numel() != 0) {
+    // Ordered on the current stream; a pageable source makes it synchronous.
+    OPENREG_CHECK(orMemcpyAsync(out.data_ptr(), src.const_data_ptr(),
+                                src.nbytes(), orMemcpyHostToDevice,
+                                getCurrentStream(device.index()).native()));
+  }
+  out._set_conj(src.is_conj());
+  out._set_neg(src.is_neg());
+  return out;
 }
 
 at::Tensor device_alias(const c10::Storage& storage, const at::Tensor& like) {

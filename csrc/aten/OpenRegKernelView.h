@@ -9,6 +9,7 @@
 #include <c10/core/Stream.h>
 
 #include <utility>
+#include <vector>
 
 #include "core/OpenRegException.h"
 #include "core/OpenRegStream.h"
@@ -18,10 +19,37 @@ namespace openreg {
 // The kernel address of a device storage's first byte (nullptr if empty).
 void* kernel_base(const c10::Storage& storage);
 
-// A CPU tensor aliasing `t`'s device memory through the kernel view. With
-// `resizable`, a kernel may grow it (an out= argument): it then reallocates
-// on the host and the caller must copy the result back to the device.
+// The kernel views of one kernel launch.
+//
+// Each device tensor becomes a CPU tensor aliasing its device memory through
+// the kernel view. Tensors that share a device storage get views that share
+// one CPU storage, so PyTorch's overlap checks see the aliasing exactly as on
+// the CPU. A view made `resizable` (an out= argument) may be grown by the
+// kernel: it then moves to host memory and the caller must copy it back.
+class KernelViews {
+ public:
+  at::Tensor view(const at::Tensor& t, bool resizable = false);
+
+  // The device storage whose kernel view a CPU tensor's storage is, or
+  // nullptr if it is none of this launch's.
+  const c10::Storage* device_storage_of(const at::Tensor& cpu) const;
+
+ private:
+  struct Entry {
+    c10::StorageImpl* device;  // key
+    c10::Storage device_storage;
+    c10::Storage cpu_storage;
+    void* base;  // kernel address the CPU storage started at
+  };
+  std::vector<Entry> entries_;
+};
+
+// A single kernel view (for a launch with one device tensor).
 at::Tensor kernel_view(const at::Tensor& t, bool resizable = false);
+
+// Copies a CPU tensor made by a kernel into new memory on `device`, ordered
+// on the device's current stream.
+at::Tensor copy_to_device(const at::Tensor& cpu, c10::Device device);
 
 // A device tensor over `storage` with the metadata (sizes, strides, offset,
 // dtype, conj/neg bits) of `like`, a kernel view of that same storage.

@@ -47,13 +47,38 @@ def get_rng_state_all() -> list[torch.Tensor]:
     return [get_rng_state(i) for i in range(device_count())]
 
 
+def _explicit_index(device: int | str | torch.device) -> int | None:
+    """The index named by ``device``, or None for "the current device".
+
+    Validates the argument without initialising the devices (the current
+    device is only known after initialisation).
+    """
+    from . import _get_device_index
+
+    if isinstance(device, str):
+        device = torch.device(device)
+    if device is None or (
+        isinstance(device, torch.device) and device.type == "openreg" and device.index is None
+    ):
+        return None
+    return _get_device_index(device)
+
+
 def set_rng_state(new_state: torch.Tensor, device: int | str | torch.device = "openreg") -> None:
-    """Restores a state returned by get_rng_state."""
-    from . import _lazy_call
+    """Restores a state returned by get_rng_state.
+
+    Before initialisation the call is queued, as for CUDA; an index-less
+    device then means the current device at initialisation.
+    """
+    from . import _lazy_call, current_device
 
     state = new_state.clone(memory_format=torch.contiguous_format)
-    index = _index(device)
-    _lazy_call(lambda: _default_generator(index).set_state(state))
+    index = _explicit_index(device)
+
+    def cb() -> None:
+        _default_generator(current_device() if index is None else index).set_state(state)
+
+    _lazy_call(cb)
 
 
 def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:

@@ -1,0 +1,144 @@
+// Operators PyTorch routes to a backend-specific entry point instead of a
+// CPU-style kernel, so the generic fallback cannot serve them:
+//  - convolution: for PrivateUse1, at::convolution calls
+//    convolution_overrideable and convolution_backward_overrideable;
+//  - fused RNN cells: nn.LSTM / nn.GRU use _thnn_fused_lstm_cell and
+//    _thnn_fused_gru_cell on accelerators; these have no CPU kernel.
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
+#include <ATen/ops/sigmoid.h>
+#include <ATen/ops/tanh.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "aten/OpenRegKernelView.h"
+
+namespace openreg {
+
+namespace {
+
+void check_same_device(const at::Tensor& a, const at::Tensor& b,
+                       const char* what) {
+  TORCH_CHECK(a.device() == b.device(),
+              "Expected all tensors to be on the same device, but found at "
+              "least two devices, ",
+              a.device(), " and ", b.device(), "! (when checking ", what, ")");
+}
+
+at::Tensor convolution_overrideable(
+    const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+    c10::IntArrayRef output_padding, int64_t groups) {
+  check_same_device(input, weight, "convolution weight");
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    check_same_device(input, *bias, "convolution bias");
+  }
+  const c10::Device device = input.device();
+  const c10::DeviceGuard guard(device);
+  at::Tensor out;
+  launch(device.index(), [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    KernelViews views;
+    std::optional<at::Tensor> b;
+    if (has_bias) {
+      b = views.view(*bias);
+    }
+    out = at::convolution(views.view(input), views.view(weight), b, stride,
+                          padding, dilation, transposed, output_padding,
+                          groups);
+  });
+  return copy_to_device(out, device);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+convolution_backward_overrideable(
+    const at::Tensor& grad_output, const at::Tensor& input,
+    const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+    c10::IntArrayRef output_padding, int64_t groups,
+    std::array<bool, 3> output_mask) {
+  check_same_device(input, weight, "convolution weight");
+  check_same_device(input, grad_output, "convolution grad_output");
+  const c10::Device device = input.device();
+  const c10::DeviceGuard guard(device);
+  std::vector<int64_t> bias_sizes;
+  if (output_mask[2]) {
+    bias_sizes.push_back(transposed ? weight.size(1) * groups
+                                    : weight.size(0));
+  }
+  at::Tensor gi, gw, gb;
+  launch(device.index(), [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    KernelViews views;
+    std::tie(gi, gw, gb) = at::convolution_backward(
+        views.view(grad_output), views.view(input), views.view(weight),
+        output_mask[2] ? std::optional<c10::IntArrayRef>(bias_sizes)
+                       : std::nullopt,
+        stride, padding, dilation, transposed, output_padding, groups,
+        output_mask);
+  });
+  auto to_device = [&](const at::Tensor& t) {
+    return t.defined() ? copy_to_device(t, device) : t;
+  };
+  return {to_device(gi), to_device(gw), to_device(gb)};
+}
+
+at::Tensor add_bias(at::Tensor gates, const std::optional<at::Tensor>& bias) {
+  if (bias.has_value() && bias->defined()) {
+    return gates + *bias;
+  }
+  return gates;
+}
+
+// The LSTM cell written with ordinary operators; registered at the autograd
+// key, so autograd differentiates the operators (no fused backward needed).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell(
+    const at::Tensor& input_gates, const at::Tensor& hidden_gates,
+    const at::Tensor& cx, const std::optional<at::Tensor>& input_bias,
+    const std::optional<at::Tensor>& hidden_bias) {
+  at::Tensor gates =
+      add_bias(add_bias(input_gates + hidden_gates, input_bias), hidden_bias);
+  auto chunks = gates.chunk(4, 1);
+  at::Tensor i = at::sigmoid(chunks[0]);
+  at::Tensor f = at::sigmoid(chunks[1]);
+  at::Tensor g = at::tanh(chunks[2]);
+  at::Tensor o = at::sigmoid(chunks[3]);
+  at::Tensor cy = f * cx + i * g;
+  at::Tensor hy = o * at::tanh(cy);
+  at::Tensor workspace = at::cat({i, f, g, o}, 1);
+  return {hy, cy, workspace};
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_gru_cell(
+    const at::Tensor& input_gates, const at::Tensor& hidden_gates,
+    const at::Tensor& hx, const std::optional<at::Tensor>& input_bias,
+    const std::optional<at::Tensor>& hidden_bias) {
+  auto ig = add_bias(input_gates, input_bias).chunk(3, 1);
+  auto hg = add_bias(hidden_gates, hidden_bias).chunk(3, 1);
+  at::Tensor r = at::sigmoid(ig[0] + hg[0]);
+  at::Tensor z = at::sigmoid(ig[1] + hg[1]);
+  at::Tensor n = at::tanh(ig[2] + r * hg[2]);
+  at::Tensor hy = n + z * (hx - n);
+  at::Tensor workspace = at::cat({r, z, ig[2], hg[2], n}, 1);
+  return {hy, workspace};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
+  m.impl("convolution_backward_overrideable",
+         TORCH_FN(convolution_backward_overrideable));
+}
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("_thnn_fused_lstm_cell", TORCH_FN(fused_lstm_cell));
+  m.impl("_thnn_fused_gru_cell", TORCH_FN(fused_gru_cell));
+}
+
+}  // namespace openreg

@@ -1,0 +1,186 @@
+"""Shared fixtures and helpers for the openreg test suite.
+
+The suite runs against the default simulated machine (2 devices, 4 GiB
+each): the OPENREG_* variables are removed from the environment before torch
+is imported, so a developer's shell settings cannot change the results.
+Tests that need another configuration start a subprocess (``run_python``).
+"""
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+# Must happen before the runtime reads its configuration (first device use).
+for _var in ("OPENREG_DEVICE_COUNT", "OPENREG_DEVICE_MEMORY", "TORCH_DEVICE_BACKEND_AUTOLOAD"):
+    os.environ.pop(_var, None)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import torch_openreg  # noqa: E402, F401  (explicit: in-process tests never rely on autoload)
+
+DEVICE = "openreg"
+DEFAULT_DEVICE_COUNT = 2
+
+# A per-test ceiling (pytest-timeout): a deadlocked stream or a hung child
+# process fails its test instead of hanging the whole run.
+DEFAULT_TIMEOUT_S = 180
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("timeout"):
+        return
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT_S))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.stash[_FAILED] = report.failed
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.fixture(autouse=True)
+def _isolate_test(request):
+    """Every test starts and ends on openreg:0 (some tests switch devices).
+
+    Afterwards it also releases what the test left behind: pytest keeps a
+    failing test's traceback in ``sys.last_traceback``, and exceptions form
+    reference cycles with their frames. Either would keep the test's device
+    tensors alive and skew the allocator statistics later tests check.
+    """
+    torch.openreg.set_device(0)
+    yield
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    # A full collection costs ~0.1 s here: only after failures.
+    gc.collect() if request.node.stash.get(_FAILED, False) else gc.collect(1)
+    torch.openreg.set_device(0)
+
+
+# ---------------------------------------------------------------------------
+# Subprocesses
+
+
+def clean_env(**overrides):
+    """The current environment without OPENREG_* / autoload settings, plus overrides.
+
+    An override of None removes the variable.
+    """
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("OPENREG_") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"
+    }
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = str(value)
+    return env
+
+
+def run_python(code, cwd, env=None, timeout=120):
+    """Runs ``code`` in a fresh interpreter (cwd: a temporary directory).
+
+    Returns the CompletedProcess (text mode, stdout/stderr captured).
+    """
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(cwd),
+        env=clean_env(**(env or {})),
+    )
+
+
+def describe(proc):
+    """Diagnostic text for assertion messages about a subprocess."""
+    return (
+        f"returncode={proc.returncode}\n"
+        f"--- stdout ---\n{proc.stdout}\n"
+        f"--- stderr ---\n{proc.stderr}"
+    )
+
+
+@pytest.fixture
+def py(tmp_path):
+    """``py(code, **env)`` runs code in a subprocess inside tmp_path."""
+
+    def run(code, timeout=120, **env):
+        return run_python(code, cwd=tmp_path, env=env, timeout=timeout)
+
+    return run
+
+
+# ---------------------------------------------------------------------------
+# Comparing device results with CPU results
+
+
+def tree_map(fn, obj):
+    """Applies fn to every tensor inside nested tuples/lists/dicts."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple (torch.return_types)
+        return type(obj)(*(tree_map(fn, o) for o in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(tree_map(fn, o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: tree_map(fn, v) for k, v in obj.items()}
+    return obj
+
+
+def to_device(obj, device=DEVICE):
+    return tree_map(lambda t: t.to(device), obj)
+
+
+def tensors_in(obj):
+    found = []
+    tree_map(found.append, obj)
+    return found
+
+
+def assert_on_device(obj, device=DEVICE):
+    """Every tensor in obj lives on `device` (a type like "openreg" or "openreg:1")."""
+    want = torch.device(device)
+    for t in tensors_in(obj):
+        assert t.device.type == want.type, f"result on {t.device}, expected {want}"
+        if want.index is not None:
+            assert t.device == want, f"result on {t.device}, expected {want}"
+
+
+def assert_close_cpu(actual_device, expected_cpu, **kwargs):
+    """Moves the device result to the CPU and compares it with the CPU result."""
+    actual = tree_map(lambda t: t.cpu(), actual_device)
+    kwargs.setdefault("equal_nan", True)
+    torch.testing.assert_close(actual, expected_cpu, **kwargs)
+
+
+def run_both(fn, *args, device=DEVICE, **kwargs):
+    """fn on CPU inputs and on device copies of them; returns (cpu, device) results.
+
+    The device copies are made first, so fn may modify its inputs in place.
+    """
+    dev_args = to_device(args, device)
+    dev_kwargs = to_device(kwargs, device)
+    expected = fn(*args, **kwargs)
+    actual = fn(*dev_args, **dev_kwargs)
+    return expected, actual
+
+
+def check_against_cpu(fn, *args, device=DEVICE, compare_kwargs=None, **kwargs):
+    """Runs fn on CPU and on `device`, checks the placement and the values."""
+    expected, actual = run_both(fn, *args, device=device, **kwargs)
+    assert_on_device(actual, device)
+    assert_close_cpu(actual, expected, **(compare_kwargs or {}))
+    return actual

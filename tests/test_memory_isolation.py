@@ -1,0 +1,189 @@
+"""Device memory: isolation from the host, out-of-memory errors, accounting, pinned memory."""
+
+import pytest
+import torch
+from conftest import describe
+
+D = "openreg"
+
+# ---------------------------------------------------------------------------
+# Host code must not touch device memory
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_host_access_to_device_memory_kills_process_with_diagnostic(py, index):
+    proc = py(
+        f"""
+        import ctypes, torch
+        x = torch.ones(4, device="openreg:{index}")
+        print("allocated", flush=True)
+        ctypes.c_float.from_address(x.data_ptr()).value
+        print("survived", flush=True)
+        """,
+        timeout=60,
+    )
+    assert proc.returncode != 0, describe(proc)
+    assert proc.returncode < 0 or proc.returncode >= 128, describe(proc)  # killed by a signal
+    assert "allocated" in proc.stdout and "survived" not in proc.stdout, describe(proc)
+    assert "host code accessed device memory" in proc.stderr, describe(proc)
+    assert f"device {index}" in proc.stderr, describe(proc)
+    assert "tensor.cpu()" in proc.stderr  # the hint how to do it right
+
+
+def test_device_pointer_is_not_host_memory():
+    x = torch.ones(4, device=D)
+    assert x.data_ptr() != 0
+    # The PyTorch layer knows the pointer is device memory.
+    assert not x.is_pinned()
+    assert x.untyped_storage().device == torch.device("openreg:0")
+
+
+@pytest.mark.parametrize(
+    "convert",
+    [lambda x: x.numpy(), lambda x: __import__("numpy").asarray(x)],
+    ids=["numpy", "np.asarray"],
+)
+def test_numpy_of_device_tensor_raises(convert):
+    x = torch.ones(4, device=D)
+    with pytest.raises((TypeError, RuntimeError), match=r"cpu\(\)|openreg"):
+        convert(x)
+    # The safe way works.
+    assert x.cpu().numpy().tolist() == [1.0] * 4
+
+
+# ---------------------------------------------------------------------------
+# Out of memory
+
+
+def test_out_of_memory(py):
+    proc = py(
+        """
+        import torch
+        props = torch.openreg.get_device_properties(0)
+        print("total", props.total_memory)
+        try:
+            torch.empty(100 * 2**20, dtype=torch.uint8, device="openreg")
+        except torch.OutOfMemoryError as e:
+            print("oom1", str(e).replace("\\n", " "))
+        else:
+            print("oom1 none")
+        # After the error, smaller allocations work.
+        small = torch.ones(1000, device="openreg")
+        print("small", small.sum().item())
+        a = torch.empty(40 * 2**20, dtype=torch.uint8, device="openreg")
+        try:
+            b = torch.empty(40 * 2**20, dtype=torch.uint8, device="openreg")
+        except torch.OutOfMemoryError as e:
+            print("oom2", isinstance(e, RuntimeError))
+        else:
+            print("oom2 none")
+        # Freeing and retrying succeeds.
+        del a
+        b = torch.empty(40 * 2**20, dtype=torch.uint8, device="openreg")
+        b.fill_(3)
+        print("retry", b[-1].item(), b.numel())
+        # Each device has its own memory.
+        c = torch.empty(40 * 2**20, dtype=torch.uint8, device="openreg:1")
+        print("device1", c.device)
+        print("num_ooms", torch.accelerator.memory_stats(0)["num_ooms"])
+        """,
+        OPENREG_DEVICE_MEMORY="64M",
+    )
+    assert proc.returncode == 0, describe(proc)
+    out = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert out["total"] == str(64 * 2**20)
+    msg = out["oom1"]
+    assert msg != "none", describe(proc)
+    assert "100.00 MiB" in msg, msg  # the requested size
+    assert "64.00 MiB" in msg, msg  # the capacity
+    assert "Device 0" in msg or "device 0" in msg, msg
+    assert out["small"] == "1000.0"
+    assert out["oom2"] == "True"
+    assert out["retry"] == f"3 {40 * 2**20}"
+    assert out["device1"] == "openreg:1"
+    assert out["num_ooms"] == "2"
+
+
+def test_bad_device_memory_environment(py):
+    proc = py(
+        """
+        import torch
+        try:
+            torch.ones(1, device="openreg")
+        except RuntimeError as e:
+            print("error", e)
+        """,
+        OPENREG_DEVICE_MEMORY="lots",
+    )
+    assert proc.returncode == 0, describe(proc)
+    assert "OPENREG_DEVICE_MEMORY" in proc.stdout, describe(proc)
+    assert "OPENREG_DEVICE_MEMORY='lots'" in proc.stderr, describe(proc)
+
+
+# ---------------------------------------------------------------------------
+# Allocation accounting
+
+
+def test_memory_allocated_tracks_live_tensors():
+    torch.accelerator.synchronize()
+    before = torch.accelerator.memory_allocated(0)
+    before1 = torch.accelerator.memory_allocated(1)
+    x = torch.empty(1000, device="openreg:0")
+    grown = torch.accelerator.memory_allocated(0) - before
+    assert 4000 <= grown < 8192
+    assert torch.accelerator.memory_allocated(1) == before1  # other device untouched
+    assert torch.accelerator.max_memory_allocated(0) >= before + grown
+    del x
+    assert torch.accelerator.memory_allocated(0) == before
+    free, total = torch.accelerator.get_memory_info(0)
+    assert total == 4 * 2**30 and 0 < free <= total
+
+
+# ---------------------------------------------------------------------------
+# Pinned host memory
+
+
+def test_pin_memory():
+    x = torch.randn(100)
+    assert x.is_pinned() is False
+    p = x.pin_memory()
+    assert p.is_pinned() is True
+    assert p.device.type == "cpu"
+    assert p.data_ptr() != x.data_ptr() and torch.equal(p, x)
+    assert p.pin_memory().is_pinned()
+    assert torch.empty(10, pin_memory=True).is_pinned()
+    assert not torch.empty(10).is_pinned()
+    assert not torch.ones(3, device=D).is_pinned()
+
+
+def test_pinned_copies_roundtrip():
+    src = torch.randn(64, 33).pin_memory()
+    dev = src.to(D, non_blocking=True)
+    dev1 = src.to("openreg:1", non_blocking=True)
+    back = torch.empty(64, 33, pin_memory=True)
+    back.copy_(dev, non_blocking=True)
+    back1 = torch.empty(64, 33).pin_memory()
+    back1.copy_(dev1, non_blocking=True)
+    torch.accelerator.synchronize(0)
+    torch.accelerator.synchronize(1)
+    assert torch.equal(back, src) and torch.equal(back1, src)
+    # Pinned memory is ordinary host memory: CPU ops work on it.
+    assert torch.equal(back * 2, src * 2)
+
+
+def test_pin_memory_of_device_tensor_raises():
+    with pytest.raises(RuntimeError, match="pinned|pin"):
+        torch.ones(2, device=D).pin_memory()
+    with pytest.raises(RuntimeError, match="pinned"):
+        torch.empty(2, device=D, pin_memory=True)
+
+
+def test_dataloader_pin_memory():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    ds = TensorDataset(torch.arange(20.0).reshape(10, 2), torch.arange(10))
+    sums = []
+    for x, y in DataLoader(ds, batch_size=4, pin_memory=True):
+        assert x.is_pinned() and y.is_pinned()
+        sums.append(x.to(D, non_blocking=True).sum().item())
+    assert sums == [28.0, 92.0, 70.0]

@@ -1,0 +1,316 @@
+"""Random numbers on openreg: seeding, generator state, torch.Generator("openreg")."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import describe
+
+D = "openreg"
+
+
+def _draw(device=D, n=8, **kw):
+    return torch.randn(n, device=device, **kw).cpu()
+
+
+def test_torch_manual_seed_makes_randn_reproducible():
+    torch.manual_seed(1234)
+    a = _draw()
+    b = _draw()
+    torch.manual_seed(1234)
+    a2 = _draw()
+    b2 = _draw()
+    assert torch.equal(a, a2) and torch.equal(b, b2)
+    assert not torch.equal(a, b)  # the generator advances
+    torch.manual_seed(4321)
+    assert not torch.equal(_draw(), a)
+
+
+def test_torch_manual_seed_seeds_every_device():
+    torch.manual_seed(7)
+    a0, a1 = _draw("openreg:0"), _draw("openreg:1")
+    torch.manual_seed(7)
+    assert torch.equal(_draw("openreg:1"), a1)
+    assert torch.equal(_draw("openreg:0"), a0)
+    assert torch.openreg.initial_seed() == 7
+    with torch.openreg.device(1):
+        assert torch.openreg.initial_seed() == 7
+
+
+def test_same_sequence_in_two_processes(py):
+    code = """
+        import torch
+        torch.manual_seed(2024)
+        x = torch.randn(6, device="openreg")
+        y = torch.rand(3, device="openreg:1")
+        print(x.cpu().tolist(), y.cpu().tolist())
+    """
+    first, second = py(code), py(code)
+    assert first.returncode == 0, describe(first)
+    assert second.returncode == 0, describe(second)
+    assert first.stdout == second.stdout
+    # And equal to this process's numbers for the same seed.
+    torch.manual_seed(2024)
+    x = torch.randn(6, device="openreg")
+    y = torch.rand(3, device="openreg:1")
+    assert first.stdout.strip() == f"{x.cpu().tolist()} {y.cpu().tolist()}"
+
+
+def test_openreg_manual_seed_and_initial_seed():
+    torch.openreg.manual_seed(99)
+    assert torch.openreg.initial_seed() == 99
+    a = _draw()
+    torch.openreg.manual_seed(99)
+    assert torch.equal(_draw(), a)
+
+
+def test_openreg_manual_seed_only_current_device():
+    torch.openreg.manual_seed_all(5)
+    with torch.openreg.device(1):
+        torch.openreg.manual_seed(9)
+        assert torch.openreg.initial_seed() == 9
+    assert torch.openreg.initial_seed() == 5
+
+
+def test_openreg_manual_seed_all():
+    torch.openreg.manual_seed_all(31)
+    a0, a1 = _draw("openreg:0"), _draw("openreg:1")
+    # Both devices got the same seed: their first draws agree.
+    assert torch.equal(a0, a1)
+    for i in range(torch.openreg.device_count()):
+        with torch.openreg.device(i):
+            assert torch.openreg.initial_seed() == 31
+    torch.openreg.manual_seed_all(31)
+    assert torch.equal(_draw("openreg:1"), a1)
+
+
+def test_openreg_seed_and_seed_all():
+    torch.openreg.seed()
+    s1 = torch.openreg.initial_seed()
+    torch.openreg.seed()
+    s2 = torch.openreg.initial_seed()
+    assert s1 != s2  # fresh non-deterministic seeds
+    torch.openreg.seed_all()
+    s = torch.openreg.initial_seed()
+    with torch.openreg.device(1):
+        assert torch.openreg.initial_seed() == s
+    # The seed it reports reproduces the stream.
+    a = _draw()
+    torch.openreg.manual_seed(s)
+    assert torch.equal(_draw(), a)
+
+
+def test_get_set_rng_state_roundtrip():
+    torch.manual_seed(0)
+    state = torch.openreg.get_rng_state()
+    assert state.dtype == torch.uint8 and state.device.type == "cpu" and state.dim() == 1
+    a = _draw()
+    b = torch.rand(4, device=D).cpu()
+    torch.openreg.set_rng_state(state)
+    assert torch.equal(_draw(), a)
+    assert torch.equal(torch.rand(4, device=D).cpu(), b)
+    # The saved state is a copy: drawing did not change it.
+    torch.openreg.set_rng_state(state)
+    assert torch.equal(_draw(), a)
+
+
+@pytest.mark.parametrize("spec", [1, "openreg:1", torch.device("openreg:1")])
+def test_get_set_rng_state_of_other_device(spec):
+    state = torch.openreg.get_rng_state(spec)
+    a = _draw("openreg:1")
+    _draw("openreg:0")  # device 0 is independent
+    torch.openreg.set_rng_state(state, spec)
+    assert torch.equal(_draw("openreg:1"), a)
+
+
+def test_get_set_rng_state_all():
+    torch.openreg.manual_seed_all(3)
+    _draw("openreg:1")  # put the devices in different states
+    states = torch.openreg.get_rng_state_all()
+    assert len(states) == torch.openreg.device_count()
+    assert not torch.equal(states[0], states[1])
+    draws = [_draw(f"openreg:{i}") for i in range(2)]
+    torch.openreg.set_rng_state_all(states)
+    assert all(torch.equal(_draw(f"openreg:{i}"), draws[i]) for i in range(2))
+
+
+def test_fork_rng_restores_openreg_state():
+    torch.manual_seed(11)
+    with torch.random.fork_rng(devices=[0, 1], device_type="openreg"):
+        inside = _draw()
+    after = _draw()
+    assert torch.equal(inside, after)
+
+
+def test_generator_on_second_device():
+    g = torch.Generator("openreg:1")
+    assert g.device == torch.device("openreg:1")
+    g.manual_seed(17)
+    assert g.initial_seed() == 17
+    a = torch.rand(5, device="openreg:1", generator=g)
+    assert a.device == torch.device("openreg:1")
+    g.manual_seed(17)
+    b = torch.rand(5, device="openreg:1", generator=g)
+    assert torch.equal(a.cpu(), b.cpu())
+    # The explicit generator does not touch the default one.
+    torch.openreg.manual_seed_all(0)
+    d1 = _draw("openreg:1")
+    torch.openreg.manual_seed_all(0)
+    torch.rand(5, device="openreg:1", generator=g)
+    assert torch.equal(_draw("openreg:1"), d1)
+
+
+def test_generator_state_and_clone():
+    g = torch.Generator(D).manual_seed(5)
+    state = g.get_state()
+    a = torch.randn(4, device=D, generator=g).cpu()
+    g.set_state(state)
+    assert torch.equal(torch.randn(4, device=D, generator=g).cpu(), a)
+    g.set_state(state)
+    g2 = g.clone_state()
+    assert g2.device == g.device
+    assert torch.equal(
+        torch.rand(4, device=D, generator=g).cpu(), torch.rand(4, device=D, generator=g2).cpu()
+    )
+
+
+def test_cpu_generator_rejected_for_device_op():
+    with pytest.raises(RuntimeError, match="openreg generator"):
+        torch.rand(3, device=D, generator=torch.Generator())
+
+
+RANDOM_OPS = {
+    "dropout": lambda g: F.dropout(torch.ones(64, device=D), 0.5, training=True),
+    "dropout_module": lambda g: torch.nn.Dropout(0.3)(torch.ones(8, 8, device=D)),
+    "bernoulli": lambda g: torch.bernoulli(torch.full((64,), 0.5, device=D), generator=g),
+    "bernoulli_": lambda g: torch.empty(64, device=D).bernoulli_(0.3, generator=g),
+    "normal_": lambda g: torch.empty(64, device=D).normal_(2.0, 0.5, generator=g),
+    "uniform_": lambda g: torch.empty(64, device=D).uniform_(-1, 1, generator=g),
+    "normal_tensor": lambda g: torch.normal(
+        torch.zeros(16, device=D), torch.ones(16, device=D), generator=g
+    ),
+    "randint": lambda g: torch.randint(0, 100, (32,), device=D, generator=g),
+    "randperm": lambda g: torch.randperm(32, device=D, generator=g),
+    "multinomial": lambda g: torch.multinomial(torch.ones(10, device=D), 5, generator=g),
+    "exponential_": lambda g: torch.empty(16, device=D).exponential_(generator=g),
+    "rand_like": lambda g: torch.rand_like(torch.empty(3, 3, device=D)),
+}
+
+
+# dropout and rand_like take no generator argument.
+_NO_GENERATOR = {"dropout", "dropout_module", "rand_like"}
+
+
+@pytest.mark.parametrize(
+    "name,which",
+    [(n, "default") for n in RANDOM_OPS]
+    + [(n, "explicit") for n in RANDOM_OPS if n not in _NO_GENERATOR],
+)
+def test_random_ops_reproducible_under_seed(name, which):
+    fn = RANDOM_OPS[name]
+
+    def run(seed=123):
+        if which == "default":
+            torch.manual_seed(seed)
+            return fn(None)
+        return fn(torch.Generator(D).manual_seed(seed))
+
+    a, b = run(), run()
+    assert a.device.type == "openreg"
+    assert torch.equal(a.cpu(), b.cpu())
+    assert not torch.equal(run(124).cpu(), a.cpu())  # the seed matters
+
+
+def test_random_ops_have_sane_distributions():
+    torch.manual_seed(0)
+    kept = F.dropout(torch.ones(20000, device=D), 0.3).cpu()
+    values = kept.unique()
+    assert values.numel() == 2 and values[0] == 0
+    assert values[1].item() == pytest.approx(1 / 0.7)
+    assert abs((kept == 0).float().mean().item() - 0.3) < 0.02
+    b = torch.bernoulli(torch.full((20000,), 0.25, device=D)).cpu()
+    assert abs(b.mean().item() - 0.25) < 0.02
+    n = torch.empty(20000, device=D).normal_(2.0, 0.5).cpu()
+    assert abs(n.mean().item() - 2.0) < 0.02 and abs(n.std().item() - 0.5) < 0.02
+    u = torch.empty(20000, device=D).uniform_(-1, 3).cpu()
+    assert u.min().item() >= -1 and u.max().item() < 3 and abs(u.mean().item() - 1) < 0.05
+
+
+def test_dropout_is_identity_in_eval():
+    x = torch.randn(10, device=D)
+    assert torch.equal(F.dropout(x, 0.5, training=False).cpu(), x.cpu())
+
+
+def test_manual_seed_before_initialisation(py):
+    proc = py(
+        """
+        import torch
+        torch.openreg.manual_seed(1)          # queued: nothing is initialised yet
+        assert not torch.openreg.is_initialized()
+        first = torch.randn(5, device="openreg").cpu()
+        assert torch.openreg.initial_seed() == 1
+        torch.openreg.manual_seed(1)          # now applied at once
+        second = torch.randn(5, device="openreg").cpu()
+        print(torch.equal(first, second), first.tolist())
+        """
+    )
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.startswith("True "), describe(proc)
+
+
+def test_seeding_all_devices_before_initialisation(py):
+    proc = py(
+        """
+        import torch
+        torch.manual_seed(8)  # what most scripts do first, before any device use
+        assert not torch.openreg.is_initialized()
+        a0 = torch.rand(3, device="openreg:0").cpu()
+        a1 = torch.rand(3, device="openreg:1").cpu()
+        torch.manual_seed(8)
+        print(torch.equal(a0, torch.rand(3, device="openreg:0").cpu()),
+              torch.equal(a1, torch.rand(3, device="openreg:1").cpu()))
+        """
+    )
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.strip() == "True True", describe(proc)
+
+
+def test_set_rng_state_before_initialisation(py, tmp_path):
+    torch.manual_seed(5)
+    torch.randn(3, device="openreg:1")  # some state that is not a fresh seed
+    torch.save(torch.openreg.get_rng_state(1), tmp_path / "state.pt")
+    expected = torch.randn(6, device="openreg:1").cpu()
+    proc = py(
+        """
+        import torch
+        state = torch.load("state.pt")
+        torch.openreg.set_rng_state(state, 1)  # queued until initialisation
+        assert not torch.openreg.is_initialized()
+        print(torch.randn(6, device="openreg:1").cpu().tolist())
+        """
+    )
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.strip() == str(expected.tolist())
+
+
+def test_set_rng_state_default_device_does_not_initialise(py, tmp_path):
+    # As torch.cuda.set_rng_state: with the default device the call is queued
+    # (the device index is resolved at initialisation), so a process can still
+    # fork safely afterwards.
+    torch.manual_seed(6)
+    torch.save(torch.openreg.get_rng_state(0), tmp_path / "state0.pt")
+    expected = torch.rand(4, device="openreg:0").cpu()
+    proc = py(
+        """
+        import torch
+        torch.openreg.set_rng_state(torch.load("state0.pt"))
+        print("initialised", torch.openreg.is_initialized())
+        print(torch.rand(4, device="openreg:0").cpu().tolist())
+        """
+    )
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.splitlines() == ["initialised False", str(expected.tolist())]
+
+
+def test_set_rng_state_rejects_other_device_types():
+    with pytest.raises(ValueError, match="openreg"):
+        torch.openreg.set_rng_state(torch.openreg.get_rng_state(), "cpu")
