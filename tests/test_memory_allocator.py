@@ -97,7 +97,7 @@ def test_freed_block_is_reused_on_the_same_stream():
 def test_split_blocks_merge_and_allocations_do_not_overlap():
     tensors = [torch.full((1000,), i, dtype=torch.int32, device=DEV) for i in range(50)]
     ptrs = sorted(t.data_ptr() for t in tensors)
-    assert all(b - a >= 4000 for a, b in zip(ptrs, ptrs[1:]))
+    assert all(b - a >= 4000 for a, b in zip(ptrs, ptrs[1:], strict=False))
     for i, t in enumerate(tensors):
         assert t.sum().item() == i * 1000
     del tensors, t

@@ -163,7 +163,9 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     for title, key, is_bytes in rows:
         for pool in pools:
             label = f"{title}" if pool == "all" else f"  from {pool.replace('_', ' ')}"
-            values = [stats.get(f"{key}.{pool}.{f}", 0) for f in ("current", "peak", "allocated", "freed")]
+            values = [
+                stats.get(f"{key}.{pool}.{f}", 0) for f in ("current", "peak", "allocated", "freed")
+            ]
             cells = [_format_size(v) if is_bytes else f"{v:10d}" for v in values]
             lines.append(f"{label:<32}" + "".join(f"{c:>12}" for c in cells))
         lines.append("-" * width)
