@@ -9,6 +9,9 @@ guard, allocators, hooks, generators and kernels), renames PrivateUse1 to
 point, unless ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``.
 """
 
+import atexit
+import time
+
 import torch
 
 from torch_openreg import _C  # noqa: F401  (loading it registers the C++ side)
@@ -31,6 +34,24 @@ def _register() -> None:
 
 
 _register()
+
+
+def _drain_at_exit() -> None:
+    """Lets PyTorch's autograd device threads finish before Python finalizes.
+
+    After ``backward()`` returns, the engine's thread for an openreg device can
+    still hold the finished graph for a moment; if the interpreter is already
+    finalizing when it drops the graph's Python objects, the process aborts
+    (PyTorch issue 38228, shared by every accelerator). Waiting for the devices
+    and yielding the GIL briefly at exit closes that window.
+    """
+    if _device_module.is_initialized():
+        for index in range(_device_module.device_count()):
+            _device_module.synchronize(index)
+        time.sleep(0.02)
+
+
+atexit.register(_drain_at_exit)
 
 
 def _autoload() -> None:

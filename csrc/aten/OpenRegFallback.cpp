@@ -189,8 +189,8 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, num_args);
 
   TORCH_CHECK_NOT_IMPLEMENTED(
-      op.hasKernelForDispatchKey(c10::DispatchKey::CPU),
-      "The operator '", schema.name(),
+      op.hasKernelForDispatchKey(c10::DispatchKey::CPU), "The operator '",
+      schema.name(),
       "' has no openreg kernel, and the CPU fallback cannot run it because "
       "it has no CPU kernel either.");
   const c10::Device device = find_device(op, args);
@@ -287,8 +287,14 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 // kernel would call the out= variant with a pre-shaped output that the CPU
 // kernel then resizes, warning about it. Sending the functional op itself to
 // the fallback gives the CPU's behaviour.
+// Also ops whose generic kernel is a slower decomposition that rounds
+// differently from the CPU kernel (layer norm): the fallback runs the CPU
+// kernel itself, so results match the CPU exactly.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  for (const char* name :
+       {"mse_loss", "native_layer_norm", "native_layer_norm_backward"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  }
 }
 
 }  // namespace openreg

@@ -1,10 +1,10 @@
 #include "aten/OpenRegKernelView.h"
 
+#include <ATen/ops/contiguous.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
-#include <ATen/ops/contiguous.h>
-#include <ATen/ops/empty_strided.h>
 
 namespace openreg {
 
@@ -58,7 +58,8 @@ at::Tensor KernelViews::view(const at::Tensor& t, bool resizable) {
   return make_view(cpu_storage, t);
 }
 
-const c10::Storage* KernelViews::device_storage_of(const at::Tensor& cpu) const {
+const c10::Storage* KernelViews::device_storage_of(
+    const at::Tensor& cpu) const {
   const void* data = cpu.storage().data();
   if (data == nullptr) {
     return nullptr;

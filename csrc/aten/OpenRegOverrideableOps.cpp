@@ -4,8 +4,8 @@
 //    convolution_overrideable and convolution_backward_overrideable;
 //  - fused RNN cells: nn.LSTM / nn.GRU use _thnn_fused_lstm_cell and
 //    _thnn_fused_gru_cell on accelerators; these have no CPU kernel.
-#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
@@ -48,9 +48,9 @@ at::Tensor convolution_overrideable(
     if (has_bias) {
       b = views.view(*bias);
     }
-    out = at::convolution(views.view(input), views.view(weight), b, stride,
-                          padding, dilation, transposed, output_padding,
-                          groups);
+    out =
+        at::convolution(views.view(input), views.view(weight), b, stride,
+                        padding, dilation, transposed, output_padding, groups);
   });
   return copy_to_device(out, device);
 }
@@ -58,18 +58,16 @@ at::Tensor convolution_overrideable(
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
 convolution_backward_overrideable(
     const at::Tensor& grad_output, const at::Tensor& input,
-    const at::Tensor& weight, c10::IntArrayRef stride,
-    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
-    c10::IntArrayRef output_padding, int64_t groups,
-    std::array<bool, 3> output_mask) {
+    const at::Tensor& weight, c10::IntArrayRef stride, c10::IntArrayRef padding,
+    c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
+    int64_t groups, std::array<bool, 3> output_mask) {
   check_same_device(input, weight, "convolution weight");
   check_same_device(input, grad_output, "convolution grad_output");
   const c10::Device device = input.device();
   const c10::DeviceGuard guard(device);
   std::vector<int64_t> bias_sizes;
   if (output_mask[2]) {
-    bias_sizes.push_back(transposed ? weight.size(1) * groups
-                                    : weight.size(0));
+    bias_sizes.push_back(transposed ? weight.size(1) * groups : weight.size(0));
   }
   at::Tensor gi, gw, gb;
   launch(device.index(), [&] {

@@ -255,9 +255,9 @@ class DeviceCache {
         bs.address = reinterpret_cast<uintptr_t>(b->ptr);
         bs.size = b->size;
         bs.requested_size = b->requested;
-        bs.state = b->allocated             ? "active_allocated"
-                   : b->event_count > 0     ? "active_pending_free"
-                                            : "inactive";
+        bs.state = b->allocated         ? "active_allocated"
+                   : b->event_count > 0 ? "active_pending_free"
+                                        : "inactive";
         if (b->allocated) {
           seg.allocated_size += b->size;
           seg.requested_size += b->requested;
@@ -346,8 +346,8 @@ class DeviceCache {
     }
     OPENREG_CHECK(err);
     ++stats_.num_device_alloc;
-    auto* block = new Block(device_, stream, alloc_size, &pool,
-                            static_cast<char*>(ptr));
+    auto* block =
+        new Block(device_, stream, alloc_size, &pool, static_cast<char*>(ptr));
     segments_.insert(block);
     for_pools(pool, [&](size_t i) {
       stats_.segment[i].increase(1);
@@ -392,8 +392,8 @@ class DeviceCache {
     std::ostringstream limit;
     if (fraction_ < 1.0) {
       limit << " The per-process memory fraction is " << fraction_ << " ("
-            << format_size(static_cast<size_t>(fraction_ *
-                                               static_cast<double>(total)))
+            << format_size(
+                   static_cast<size_t>(fraction_ * static_cast<double>(total)))
             << ").";
     }
     TORCH_CHECK_WITH(
@@ -434,10 +434,9 @@ class DeviceCache {
     for (c10::StreamId id : block->stream_uses) {
       orEvent_t event = nullptr;
       OPENREG_CHECK(orEventCreateWithFlags(&event, orEventDisableTiming));
-      const c10::Stream stream(c10::Stream::UNSAFE,
-                               c10::Device(c10::DeviceType::PrivateUse1,
-                                           device_),
-                               id);
+      const c10::Stream stream(
+          c10::Stream::UNSAFE,
+          c10::Device(c10::DeviceType::PrivateUse1, device_), id);
       OPENREG_CHECK(orEventRecord(event, native_stream(stream)));
       ++block->event_count;
       events_.emplace_back(event, block);
@@ -663,8 +662,8 @@ void OpenRegCachingAllocator::delete_block(void* ptr) {
 c10::DeviceAllocator* device_allocator() { return &g_allocator; }
 
 void set_memory_fraction(double fraction, c10::DeviceIndex device) {
-  TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0, "Invalid fraction value: ",
-              fraction, ". Allowed range: 0~1");
+  TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0,
+              "Invalid fraction value: ", fraction, ". Allowed range: 0~1");
   g_allocator.cache(device).set_fraction(fraction);
 }
 

@@ -121,7 +121,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_device", &current_device);
   m.def("_set_device", &set_device, py::arg("device"));
   m.def("_exchange_device", &exchange_device, py::arg("device"));
-  m.def("_synchronize", &synchronize, py::arg("device"));
+  m.def("_synchronize", &synchronize, py::arg("device"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("_get_device_properties", &get_device_properties, py::arg("device"));
   m.def("_set_memory_fraction", &set_memory_fraction, py::arg("fraction"),
         py::arg("device"));
