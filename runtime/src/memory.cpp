@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "runtime_internal.h"
 
@@ -130,11 +132,31 @@ orError_t check_copy(void* dst, const void* src, size_t count,
   return orSuccess;
 }
 
+// Copies of at least this many bytes use every core, like a DMA engine that
+// saturates the memory bus; smaller ones are not worth a thread.
+constexpr size_t kParallelCopyBytes = size_t{8} << 20;
+
 void do_copy(void* dst, const void* src, size_t count, Device* dst_dev,
              Device* src_dev) {
-  void* d = dst_dev ? kernel_ptr(*dst_dev, dst) : dst;
-  const void* s = src_dev ? kernel_ptr(*src_dev, src) : src;
-  std::memmove(d, s, count);
+  auto* d = static_cast<char*>(dst_dev ? kernel_ptr(*dst_dev, dst) : dst);
+  const auto* s =
+      static_cast<const char*>(src_dev ? kernel_ptr(*src_dev, src) : src);
+  const size_t workers = std::max(1u, std::thread::hardware_concurrency());
+  const bool overlapping = d < s + count && s < d + count;
+  if (count < kParallelCopyBytes || workers == 1 || overlapping) {
+    std::memmove(d, s, count);
+    return;
+  }
+  const size_t chunk = (count / workers + 63) / 64 * 64;
+  std::vector<std::thread> helpers;
+  for (size_t begin = chunk; begin < count; begin += chunk) {
+    const size_t n = std::min(chunk, count - begin);
+    helpers.emplace_back([=] { std::memcpy(d + begin, s + begin, n); });
+  }
+  std::memcpy(d, s, std::min(chunk, count));
+  for (auto& t : helpers) {
+    t.join();
+  }
 }
 
 }  // namespace
