@@ -269,8 +269,8 @@ def main() -> int:
     ratio = dev_peak / cpu_peak
     name = "MLP training step peak memory"
     print(
-        f"{name:36s} {cpu_peak / 2**20:7.2f} MiB {dev_peak / 2**20:7.2f} MiB {ratio:7.2f} {'<=1.1':>7s}"
-        + ("" if ratio <= 1.1 else "  (missed)")
+        f"{name:36s} {cpu_peak / 2**20:7.2f} MiB {dev_peak / 2**20:7.2f} MiB "
+        f"{ratio:7.2f} {'<=1.1':>7s}" + ("" if ratio <= 1.1 else "  (missed)")
     )
     rows.append(
         {
