@@ -59,6 +59,10 @@ def _isolate_test(request):
     """
     torch.openreg.set_device(0)
     yield
+    # Kernels run asynchronously: a kernel error the test left pending is
+    # raised here, so it fails the test that caused it, not the next one.
+    for index in range(torch.openreg.device_count()):
+        torch.openreg.synchronize(index)
     for name in ("last_type", "last_value", "last_traceback", "last_exc"):
         if hasattr(sys, name):
             delattr(sys, name)

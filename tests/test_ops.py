@@ -5,12 +5,13 @@ so these tests check the fallback's argument wrapping, device checks and the
 mapping of results (new tensors, views, in-place and out= results).
 """
 
+import os
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_close_cpu, assert_on_device, check_against_cpu, to_device
+from conftest import assert_close_cpu, assert_on_device, check_against_cpu, describe, to_device
 
 DEVICES = ["openreg:0", "openreg:1"]
 
@@ -592,14 +593,37 @@ def test_indexing_with_device_indices_of_other_device_raises():
         torch.ones(3)[torch.tensor([0], device="openreg")]
 
 
+@pytest.mark.skipif(
+    os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1", reason="errors are immediate in blocking mode"
+)
 def test_out_of_range_index_raises_cleanly():
+    """As on a GPU, a bad index fails inside the kernel: the error is raised at
+    the next synchronization, names the op, and leaves the device usable."""
     x = torch.arange(4.0, device="openreg")
-    with pytest.raises(IndexError):
-        x[torch.tensor([7])]
-    with pytest.raises(RuntimeError):
-        torch.gather(x, 0, torch.tensor([9], device="openreg"))
+    y = x[torch.tensor([7])]  # queued; the host does not wait
+    with pytest.raises(RuntimeError, match=r"aten::index.*index 7 is out of bounds"):
+        torch.openreg.synchronize()
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        torch.gather(x, 0, torch.tensor([9], device="openreg")).cpu()
+    del y
     # The device is still usable afterwards.
     assert (x + 1).cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_out_of_range_index_raises_at_launch_in_blocking_mode(py):
+    out = py(
+        """
+        import torch
+        x = torch.arange(4.0, device="openreg")
+        try:
+            x[torch.tensor([7])]
+        except (IndexError, RuntimeError) as e:
+            print("raised:", e)
+        """,
+        OPENREG_LAUNCH_BLOCKING="1",
+    )
+    assert out.returncode == 0, describe(out)
+    assert "raised:" in out.stdout and "out of bounds" in out.stdout
 
 
 def test_large_elementwise_and_reduction():

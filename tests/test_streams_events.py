@@ -70,6 +70,9 @@ def test_stream_context_manager_and_set_stream():
     finally:
         torch.accelerator.set_stream(default)
     assert torch.accelerator.current_stream() == default
+    # z was produced on s: the default stream must wait for s before reading
+    # it (without this the read races the kernel, as it would on a GPU).
+    default.wait_stream(s)
     assert z.cpu().tolist() == [0.0, 3.0, 6.0, 9.0]
 
 

@@ -80,7 +80,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
   if (non_blocking && try_async_pinned_copy(self, dst, device)) {
     return dst;
   }
-  launch(device, [&] {
+  run_sync(device, [&] {
     // Tensors sharing memory take the kernel path, whose TensorIterator
     // rejects partial overlap exactly as the CPU does.
     if (can_memcpy(self, dst) && !self.storage().is_alias_of(dst.storage())) {

@@ -12,6 +12,7 @@
 //     arguments (resized if the kernel resized them), views of an input
 //     become device views of the same storage, new tensors are copied into
 //     device memory.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -21,6 +22,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <deque>
 #include <string_view>
 #include <vector>
 
@@ -181,6 +183,285 @@ void sync_mutated(const at::Tensor& dev, const at::Tensor& view,
   }
 }
 
+// Meta tensors mirroring device tensors, one meta storage per device storage,
+// so that running an op on them shows which results alias which inputs.
+class MetaMirror {
+ public:
+  at::Tensor meta(const at::Tensor& t) {
+    c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+    const c10::Storage* meta_storage = nullptr;
+    for (const Entry& e : entries_) {
+      if (e.device == key) {
+        meta_storage = &e.meta_storage;
+      }
+    }
+    if (meta_storage == nullptr) {
+      // The meta storage carries the device address (never dereferenced),
+      // so host-side overlap checks see the same addresses as the CPU would.
+      c10::DataPtr fake(const_cast<void*>(t.storage().data()),
+                        c10::Device(c10::DeviceType::Meta));
+      entries_.push_back(
+          {key, t.storage(),
+           c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+               c10::StorageImpl::use_byte_size_t(), t.storage().nbytes(),
+               std::move(fake), c10::GetAllocator(c10::DeviceType::Meta),
+               /*resizable=*/true))});
+      meta_storage = &entries_.back().meta_storage;
+    }
+    at::Tensor m = at::detail::make_tensor<c10::TensorImpl>(
+        c10::Storage(*meta_storage),
+        c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
+    m.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(),
+                                                   t.storage_offset());
+    m._set_conj(t.is_conj());
+    m._set_neg(t.is_neg());
+    return m;
+  }
+
+  // The device storage a meta result aliases, or nullptr for a new tensor.
+  const c10::Storage* device_storage_of(const at::Tensor& m) const {
+    for (const Entry& e : entries_) {
+      if (e.meta_storage.unsafeGetStorageImpl() ==
+          m.storage().unsafeGetStorageImpl()) {
+        return &e.device_storage;
+      }
+    }
+    return nullptr;
+  }
+
+ private:
+  struct Entry {
+    c10::StorageImpl* device;
+    c10::Storage device_storage;
+    c10::Storage meta_storage;
+  };
+  std::deque<Entry> entries_;  // stable addresses
+};
+
+bool is_tensor_type(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::TensorType) {
+    return true;
+  }
+  if (auto opt = type->cast<c10::OptionalType>()) {
+    return opt->getElementType()->kind() == c10::TypeKind::TensorType;
+  }
+  if (auto list = type->cast<c10::ListType>()) {
+    return list->getElementType()->kind() == c10::TypeKind::TensorType;
+  }
+  return false;
+}
+
+// The argument an in-place/out= result aliases, or -1.
+int written_argument(const c10::FunctionSchema& schema, size_t ret) {
+  const c10::AliasInfo* alias = schema.returns()[ret].alias_info();
+  if (alias == nullptr || !alias->isWrite()) {
+    return -1;
+  }
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::AliasInfo* a = args[i].alias_info();
+    if (a != nullptr && a->beforeSets() == alias->beforeSets()) {
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+// Ops whose meta kernel describes results the CPU kernel does not produce
+// (batch norm in eval mode returns empty saved statistics on the CPU).
+bool meta_differs_from_cpu(const c10::OperatorName& name) {
+  static constexpr std::string_view kOps[] = {
+      "aten::native_batch_norm", "aten::_native_batch_norm_legit",
+      "aten::_native_batch_norm_legit_no_training",
+      "aten::_batch_norm_with_update", "aten::_batch_norm_no_update"};
+  for (auto op : kOps) {
+    if (name.name == op) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// A new result the kernel must copy into device memory.
+struct NewOutput {
+  size_t ret;
+  int list_index;  // -1 for a single tensor
+  at::Tensor device;
+};
+
+// The asynchronous path: output metadata comes from the op's meta kernel on
+// the host, the CPU kernel runs later on the stream. Returns false (having
+// changed nothing) when the op needs the synchronous path: random ops (their
+// generator state must be read in program order), non-tensor results, no
+// usable meta kernel (e.g. data-dependent output shapes), or out= arguments
+// the op would resize.
+bool try_fallback_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                        c10::Device device) {
+  const c10::FunctionSchema& schema = op.schema();
+  if (meta_differs_from_cpu(schema.operator_name())) {
+    return false;
+  }
+  const auto& arg_schema = schema.arguments();
+  const size_t num_args = arg_schema.size();
+  for (const c10::Argument& a : arg_schema) {
+    // An output_mask makes some results undefined on the CPU while meta
+    // kernels still describe them: only the CPU run knows.
+    if (is_generator_arg(a) || a.name() == "output_mask") {
+      return false;
+    }
+  }
+  for (const c10::Argument& r : schema.returns()) {
+    if (!is_tensor_type(r.type())) {
+      return false;
+    }
+  }
+  const size_t first = stack->size() - num_args;
+  MetaMirror mirror;
+  torch::jit::Stack meta_stack;
+  std::vector<std::pair<at::Tensor, at::Tensor>> written;  // (device, meta)
+  for (size_t i = 0; i < num_args; ++i) {
+    const c10::IValue& v = (*stack)[first + i];
+    if (v.isDevice()) {
+      return false;
+    }
+    const c10::AliasInfo* a = arg_schema[i].alias_info();
+    const bool writes = a != nullptr && a->isWrite() && v.isTensor();
+    meta_stack.push_back(map_tensors(v, [&](const at::Tensor& t) {
+      if (!is_openreg(t)) {
+        return t;
+      }
+      at::Tensor m = mirror.meta(t);
+      if (writes) {
+        written.emplace_back(t, m);
+      }
+      return m;
+    }));
+  }
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta),
+                       &meta_stack);
+  } catch (const std::exception&) {
+    return false;  // the synchronous path runs it (or raises its error)
+  }
+  for (const auto& [dev, m] : written) {
+    if (dev.sizes() != m.sizes() || dev.strides() != m.strides() ||
+        dev.storage_offset() != m.storage_offset() ||
+        m.storage().nbytes() > dev.storage().nbytes()) {
+      return false;
+    }
+    // Meta kernels skip memory-overlap checks; an output that partially
+    // overlaps an input takes the synchronous path, which raises exactly
+    // where the CPU does.
+    if (at::has_internal_overlap(dev) == at::MemOverlap::Yes) {
+      return false;
+    }
+    for (size_t i = 0; i < num_args; ++i) {
+      bool partial = false;
+      for_each_tensor((*stack)[first + i], [&](const at::Tensor& t) {
+        partial = partial || (t.defined() && is_openreg(t) &&
+                              at::get_overlap_status(dev, t) ==
+                                  at::MemOverlapStatus::Partial);
+      });
+      if (partial) {
+        return false;
+      }
+    }
+  }
+
+  // Results, known now on the host.
+  const size_t num_rets = schema.returns().size();
+  std::vector<c10::IValue> results(num_rets);
+  std::vector<NewOutput> new_outputs;
+  auto plan = [&](const at::Tensor& m, size_t r, int index) -> at::Tensor {
+    if (!m.defined()) {
+      return m;
+    }
+    if (const c10::Storage* storage = mirror.device_storage_of(m)) {
+      return device_alias(*storage, m);  // a view of an input
+    }
+    at::Tensor out =
+        at::empty_strided(m.sizes(), m.strides(), m.options().device(device));
+    out._set_conj(m.is_conj());
+    out._set_neg(m.is_neg());
+    new_outputs.push_back({r, index, device_alias(out.storage(), out)});
+    return out;
+  };
+  for (size_t r = 0; r < num_rets; ++r) {
+    const int arg = written_argument(schema, r);
+    if (arg >= 0) {
+      results[r] = (*stack)[first + static_cast<size_t>(arg)];
+      continue;
+    }
+    const c10::IValue& mv = meta_stack[r];
+    if (mv.isTensor()) {
+      results[r] = plan(mv.toTensor(), r, -1);
+    } else if (mv.isTensorList()) {
+      c10::List<at::Tensor> list;
+      int index = 0;
+      for (const at::Tensor& m : mv.toTensorList()) {
+        list.push_back(plan(m, r, index++));
+      }
+      results[r] = list;
+    } else {
+      results[r] = mv;  // None
+    }
+  }
+
+  // What the kernel captures: fresh handles over the device storages (the
+  // memory stays alive until the kernel ran; no Python objects), and
+  // snapshots of CPU tensors (the host may change them before it runs).
+  std::vector<c10::IValue> captured;
+  captured.reserve(num_args);
+  for (size_t i = 0; i < num_args; ++i) {
+    captured.push_back(
+        map_tensors((*stack)[first + i], [](const at::Tensor& t) {
+          if (!t.defined()) {
+            return t;
+          }
+          return is_openreg(t) ? device_alias(t.storage(), t) : t.clone();
+        }));
+  }
+  std::string name = schema.name();
+  if (!schema.overload_name().empty()) {
+    name += "." + schema.overload_name();
+  }
+  launch_async(
+      device.index(), std::move(name),
+      [op, captured = std::move(captured),
+       new_outputs = std::move(new_outputs)]() {
+        KernelViews views;
+        torch::jit::Stack kernel_stack;
+        kernel_stack.reserve(captured.size());
+        for (const c10::IValue& v : captured) {
+          kernel_stack.push_back(map_tensors(v, [&](const at::Tensor& t) {
+            return is_openreg(t) ? views.view(t) : t;
+          }));
+        }
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU),
+                           &kernel_stack);
+        for (const NewOutput& out : new_outputs) {
+          const c10::IValue& v = kernel_stack[out.ret];
+          at::Tensor result = out.list_index < 0
+                                  ? v.toTensor()
+                                  : v.toTensorList()[out.list_index];
+          TORCH_CHECK(result.defined() &&
+                          result.sizes() == out.device.sizes() &&
+                          result.scalar_type() == out.device.scalar_type(),
+                      "result ", result.sizes(), " ", result.scalar_type(),
+                      " differs from the meta kernel's ", out.device.sizes(),
+                      " ", out.device.scalar_type());
+          views.view(out.device).copy_(result);
+        }
+      });
+
+  torch::jit::drop(*stack, num_args);
+  for (c10::IValue& r : results) {
+    stack->push_back(std::move(r));
+  }
+  return true;
+}
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const auto& arg_schema = schema.arguments();
@@ -195,6 +476,9 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       "it has no CPU kernel either.");
   const c10::Device device = find_device(op, args);
   const c10::DeviceGuard guard(device);
+  if (!launch_blocking() && try_fallback_async(op, stack, device)) {
+    return;
+  }
 
   // Keep the original arguments: in-place results return them.
   std::vector<c10::IValue> originals(args.begin(), args.end());
@@ -237,7 +521,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     });
   }
 
-  launch(device.index(), [&] {
+  run_sync(device.index(), [&] {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   });

@@ -8,6 +8,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Stream.h>
 
+#include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -55,19 +57,26 @@ at::Tensor copy_to_device(const at::Tensor& cpu, c10::Device device);
 // dtype, conj/neg bits) of `like`, a kernel view of that same storage.
 at::Tensor device_alias(const c10::Storage& storage, const at::Tensor& like);
 
-// Runs `kernel` as device work on the current stream of `device`.
+// How device work runs (see OpenRegLaunch.cpp for the model).
 //
-// Execution model of this version: the kernel runs on the calling thread
-// after the work already queued on the stream (stream order holds), and has
-// finished when launch() returns. Every caller goes through here, so making
-// execution asynchronous changes this function, not the kernels.
+// launch_async() enqueues `kernel` on the current stream of `device` and
+// returns: it runs later on the stream's worker, in stream order. `op` names
+// it if it throws; the error is raised at the next synchronization.
+// With OPENREG_LAUNCH_BLOCKING=1 every launch runs at once and waits.
+void launch_async(c10::DeviceIndex device, std::string op,
+                  std::function<void()> kernel);
+
+// run_sync() is for work whose result the host needs now (copies to the
+// host, ops whose output shape depends on the data, ops returning scalars):
+// it waits for the stream's queued work (raising any deferred error), then
+// runs `kernel` on the calling thread.
 template <typename F>
-void launch(c10::DeviceIndex device, F&& kernel) {
-  orStream_t stream = getCurrentStream(device).native();
-  if (orStreamQuery(stream) == orErrorNotReady) {
-    OPENREG_CHECK(orStreamSynchronize(stream));
-  }
+void run_sync(c10::DeviceIndex device, F&& kernel) {
+  getCurrentStream(device).synchronize();
   std::forward<F>(kernel)();
 }
+
+// True when OPENREG_LAUNCH_BLOCKING=1.
+bool launch_blocking();
 
 }  // namespace openreg

@@ -41,7 +41,7 @@ at::Tensor convolution_overrideable(
   const c10::Device device = input.device();
   const c10::DeviceGuard guard(device);
   at::Tensor out;
-  launch(device.index(), [&] {
+  run_sync(device.index(), [&] {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     KernelViews views;
     std::optional<at::Tensor> b;
@@ -70,7 +70,7 @@ convolution_backward_overrideable(
     bias_sizes.push_back(transposed ? weight.size(1) * groups : weight.size(0));
   }
   at::Tensor gi, gw, gb;
-  launch(device.index(), [&] {
+  run_sync(device.index(), [&] {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     KernelViews views;
     std::tie(gi, gw, gb) = at::convolution_backward(

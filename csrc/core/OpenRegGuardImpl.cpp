@@ -155,8 +155,7 @@ void OpenRegGuardImpl::synchronizeStream(const c10::Stream& stream) const {
 
 void OpenRegGuardImpl::synchronizeDevice(
     const c10::DeviceIndex device_index) const {
-  ScopedDevice guard(device_index < 0 ? current_device() : device_index);
-  OPENREG_CHECK(orDeviceSynchronize());
+  synchronize_device(device_index < 0 ? current_device() : device_index);
 }
 
 void OpenRegGuardImpl::recordDataPtrOnStream(const c10::DataPtr& data_ptr,

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
+#include <unordered_map>
 
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
@@ -66,7 +67,54 @@ c10::Stream make(c10::DeviceIndex device, c10::StreamId id) {
                      c10::Device(c10::DeviceType::PrivateUse1, device), id);
 }
 
+std::mutex g_errors_mutex;  // guards g_errors
+// First failure message per stream since its last synchronization.
+std::unordered_map<orStream_t, std::string> g_errors;
+
+// Turns the result of a synchronization into an exception carrying the
+// messages of the kernels that failed on `streams` (nullptr: any stream of
+// `device`).
+void raise_deferred(orError_t err, orStream_t stream, c10::DeviceIndex device) {
+  if (err != orErrorLaunchFailure) {
+    OPENREG_CHECK(err);
+    return;
+  }
+  std::string msg;
+  {
+    std::lock_guard<std::mutex> lock(g_errors_mutex);
+    for (auto it = g_errors.begin(); it != g_errors.end();) {
+      int dev = -1;
+      bool match = stream != nullptr
+                       ? it->first == stream
+                       : orStreamGetDevice(it->first, &dev) == orSuccess &&
+                             dev == device;
+      if (match) {
+        msg += (msg.empty() ? "" : "\n") + it->second;
+        it = g_errors.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  TORCH_CHECK(false, msg.empty() ? "an openreg kernel failed" : msg,
+              "\n(Kernels run asynchronously: the failure is reported at the "
+              "next synchronization. Set OPENREG_LAUNCH_BLOCKING=1 to raise "
+              "it at the launch.)");
+}
+
 }  // namespace
+
+void record_kernel_failure(orStream_t stream, const std::string& op,
+                           const char* what) {
+  std::lock_guard<std::mutex> lock(g_errors_mutex);
+  g_errors.emplace(stream,
+                   "openreg kernel '" + op + "' failed on the device: " + what);
+}
+
+void synchronize_device(c10::DeviceIndex device) {
+  ScopedDevice guard(device);
+  raise_deferred(orDeviceSynchronize(), nullptr, device);
+}
 
 orStream_t native_stream(const c10::Stream& stream) {
   TORCH_INTERNAL_ASSERT(stream.device_type() == c10::DeviceType::PrivateUse1);
@@ -103,7 +151,8 @@ bool OpenRegStream::query() const {
 }
 
 void OpenRegStream::synchronize() const {
-  OPENREG_CHECK(orStreamSynchronize(native()));
+  orStream_t s = native();
+  raise_deferred(orStreamSynchronize(s), s, device_index());
 }
 
 OpenRegStream getDefaultStream(c10::DeviceIndex device) {

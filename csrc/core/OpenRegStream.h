@@ -10,6 +10,8 @@
 #include <c10/core/Stream.h>
 #include <openreg.h>
 
+#include <string>
+
 namespace openreg {
 
 class OpenRegStream {
@@ -39,6 +41,14 @@ OpenRegStream getStreamFromPool(bool high_priority = false,
 OpenRegStream getNewStream(c10::DeviceIndex device, int priority);
 // Makes `stream` current for its device on this thread.
 void setCurrentStream(OpenRegStream stream);
+// Deferred kernel errors. A kernel that fails on a stream's worker records
+// its message here; the next synchronization of the stream (or its device)
+// raises it.
+void record_kernel_failure(orStream_t stream, const std::string& op,
+                           const char* what);
+// Waits for `device` (all its streams) and raises deferred kernel errors.
+void synchronize_device(c10::DeviceIndex device);
+
 // The runtime handle behind a c10::Stream of type PrivateUse1.
 orStream_t native_stream(const c10::Stream& stream);
 

@@ -9,6 +9,7 @@
 
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
+#include "core/OpenRegStream.h"
 #include "memory/OpenRegAllocator.h"
 #include "random/OpenRegGenerator.h"
 
@@ -45,8 +46,7 @@ DeviceProperties get_device_properties(c10::DeviceIndex device) {
 
 void synchronize(c10::DeviceIndex device) {
   lazy_init();
-  ScopedDevice guard(device < 0 ? current_device() : device);
-  OPENREG_CHECK(orDeviceSynchronize());
+  synchronize_device(device < 0 ? current_device() : device);
 }
 
 py::list snapshot_to_python() {

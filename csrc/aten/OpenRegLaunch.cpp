@@ -1,0 +1,70 @@
+// Kernel launch: the execution model of openreg.
+//
+// Every stream is an in-order queue drained by a worker thread (the runtime's
+// orLaunchKernel). A kernel is a closure that captures what it needs *by
+// value*: device tensors as fresh tensor handles over the same storages (so
+// the memory stays alive until the kernel has run, and the worker never
+// touches Python objects), CPU tensors as snapshots. If it throws, the message
+// is kept per stream and raised, naming the op, at the next synchronization
+// of that stream or its device; the stream stays usable.
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "aten/OpenRegKernelView.h"
+#include "core/OpenRegFunctions.h"
+
+namespace openreg {
+
+namespace {
+
+struct KernelTask {
+  std::function<void()> kernel;
+  std::string op;
+  orStream_t stream;
+};
+
+int run_task(void* data) {
+  std::unique_ptr<KernelTask> task(static_cast<KernelTask*>(data));
+  try {
+    task->kernel();
+    return 0;
+  } catch (const c10::Error& e) {
+    record_kernel_failure(task->stream, task->op, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    record_kernel_failure(task->stream, task->op, e.what());
+  }
+  return 1;
+}
+
+}  // namespace
+
+bool launch_blocking() {
+  static const bool blocking = [] {
+    const char* env = std::getenv("OPENREG_LAUNCH_BLOCKING");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }();
+  return blocking;
+}
+
+void launch_async(c10::DeviceIndex device, std::string op,
+                  std::function<void()> kernel) {
+  OpenRegStream stream = getCurrentStream(device);
+  if (launch_blocking()) {
+    stream.synchronize();
+    kernel();
+    return;
+  }
+  auto* task =
+      new KernelTask{std::move(kernel), std::move(op), stream.native()};
+  orError_t err = orLaunchKernel(task->stream, &run_task, task);
+  if (err != orSuccess) {
+    delete task;
+    OPENREG_CHECK(err);
+  }
+}
+
+}  // namespace openreg
