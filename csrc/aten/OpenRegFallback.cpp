@@ -12,17 +12,18 @@
 //     arguments (resized if the kernel resized them), views of an input
 //     become device views of the same storage, new tensors are copied into
 //     device memory.
+#include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/stack.h>
+#include <ATen/native/TypeProperties.h>
 #include <ATen/ops/contiguous.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include <deque>
 #include <string_view>
 #include <vector>
 
@@ -183,74 +184,6 @@ void sync_mutated(const at::Tensor& dev, const at::Tensor& view,
   }
 }
 
-// Meta tensors mirroring device tensors, one meta storage per device storage,
-// so that running an op on them shows which results alias which inputs.
-class MetaMirror {
- public:
-  at::Tensor meta(const at::Tensor& t) {
-    c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
-    const c10::Storage* meta_storage = nullptr;
-    for (const Entry& e : entries_) {
-      if (e.device == key) {
-        meta_storage = &e.meta_storage;
-      }
-    }
-    if (meta_storage == nullptr) {
-      // The meta storage carries the device address (never dereferenced),
-      // so host-side overlap checks see the same addresses as the CPU would.
-      c10::DataPtr fake(const_cast<void*>(t.storage().data()),
-                        c10::Device(c10::DeviceType::Meta));
-      entries_.push_back(
-          {key, t.storage(),
-           c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-               c10::StorageImpl::use_byte_size_t(), t.storage().nbytes(),
-               std::move(fake), c10::GetAllocator(c10::DeviceType::Meta),
-               /*resizable=*/true))});
-      meta_storage = &entries_.back().meta_storage;
-    }
-    at::Tensor m = at::detail::make_tensor<c10::TensorImpl>(
-        c10::Storage(*meta_storage),
-        c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
-    m.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(),
-                                                   t.storage_offset());
-    m._set_conj(t.is_conj());
-    m._set_neg(t.is_neg());
-    return m;
-  }
-
-  // The device storage a meta result aliases, or nullptr for a new tensor.
-  const c10::Storage* device_storage_of(const at::Tensor& m) const {
-    for (const Entry& e : entries_) {
-      if (e.meta_storage.unsafeGetStorageImpl() ==
-          m.storage().unsafeGetStorageImpl()) {
-        return &e.device_storage;
-      }
-    }
-    return nullptr;
-  }
-
- private:
-  struct Entry {
-    c10::StorageImpl* device;
-    c10::Storage device_storage;
-    c10::Storage meta_storage;
-  };
-  std::deque<Entry> entries_;  // stable addresses
-};
-
-bool is_tensor_type(const c10::TypePtr& type) {
-  if (type->kind() == c10::TypeKind::TensorType) {
-    return true;
-  }
-  if (auto opt = type->cast<c10::OptionalType>()) {
-    return opt->getElementType()->kind() == c10::TypeKind::TensorType;
-  }
-  if (auto list = type->cast<c10::ListType>()) {
-    return list->getElementType()->kind() == c10::TypeKind::TensorType;
-  }
-  return false;
-}
-
 // The argument an in-place/out= result aliases, or -1.
 int written_argument(const c10::FunctionSchema& schema, size_t ret) {
   const c10::AliasInfo* alias = schema.returns()[ret].alias_info();
@@ -267,99 +200,57 @@ int written_argument(const c10::FunctionSchema& schema, size_t ret) {
   return -1;
 }
 
-// Ops whose meta kernel describes results the CPU kernel does not produce
-// (batch norm in eval mode returns empty saved statistics on the CPU).
-bool meta_differs_from_cpu(const c10::OperatorName& name) {
-  static constexpr std::string_view kOps[] = {
-      "aten::native_batch_norm", "aten::_native_batch_norm_legit",
-      "aten::_native_batch_norm_legit_no_training",
-      "aten::_batch_norm_with_update", "aten::_batch_norm_no_update"};
-  for (auto op : kOps) {
-    if (name.name == op) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// A new result the kernel must copy into device memory.
-struct NewOutput {
-  size_t ret;
-  int list_index;  // -1 for a single tensor
-  at::Tensor device;
-};
-
-// The asynchronous path: output metadata comes from the op's meta kernel on
-// the host, the CPU kernel runs later on the stream. Returns false (having
-// changed nothing) when the op needs the synchronous path: random ops (their
-// generator state must be read in program order), non-tensor results, no
-// usable meta kernel (e.g. data-dependent output shapes), or out= arguments
-// the op would resize.
+// The asynchronous path, for in-place and out= operators (every result is
+// an argument it writes): the host knows all output metadata already, so the
+// CPU kernel can run later on the stream. Functional operators reach it too:
+// PyTorch's generic kernels for structured ops allocate the output on the
+// device and call the out= variant. Returns false (having changed nothing)
+// for the synchronous path: results the host must see (new tensors, scalars),
+// random ops (generator state must be read in program order), output_mask
+// ops, outputs that are empty (to be resized) or overlap an input partially
+// (the CPU raises; the synchronous path raises the same error).
+//
+// The kernel captures non-owning handles: a block freed on the host goes
+// back to the caching allocator at once and is reused on the same stream
+// only after this kernel (stream order), as CUDA's allocator does; use on
+// another stream needs Tensor.record_stream, as on CUDA.
 bool try_fallback_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                         c10::Device device) {
   const c10::FunctionSchema& schema = op.schema();
-  if (meta_differs_from_cpu(schema.operator_name())) {
-    return false;
-  }
   const auto& arg_schema = schema.arguments();
   const size_t num_args = arg_schema.size();
   for (const c10::Argument& a : arg_schema) {
-    // An output_mask makes some results undefined on the CPU while meta
-    // kernels still describe them: only the CPU run knows.
     if (is_generator_arg(a) || a.name() == "output_mask") {
       return false;
     }
   }
-  for (const c10::Argument& r : schema.returns()) {
-    if (!is_tensor_type(r.type())) {
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
+    if (written_argument(schema, r) < 0) {
       return false;
     }
   }
   const size_t first = stack->size() - num_args;
-  MetaMirror mirror;
-  torch::jit::Stack meta_stack;
-  std::vector<std::pair<at::Tensor, at::Tensor>> written;  // (device, meta)
+  bool any_written = false;
   for (size_t i = 0; i < num_args; ++i) {
     const c10::IValue& v = (*stack)[first + i];
     if (v.isDevice()) {
       return false;
     }
     const c10::AliasInfo* a = arg_schema[i].alias_info();
-    const bool writes = a != nullptr && a->isWrite() && v.isTensor();
-    meta_stack.push_back(map_tensors(v, [&](const at::Tensor& t) {
-      if (!is_openreg(t)) {
-        return t;
-      }
-      at::Tensor m = mirror.meta(t);
-      if (writes) {
-        written.emplace_back(t, m);
-      }
-      return m;
-    }));
-  }
-  try {
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta),
-                       &meta_stack);
-  } catch (const std::exception&) {
-    return false;  // the synchronous path runs it (or raises its error)
-  }
-  for (const auto& [dev, m] : written) {
-    if (dev.sizes() != m.sizes() || dev.strides() != m.strides() ||
-        dev.storage_offset() != m.storage_offset() ||
-        m.storage().nbytes() > dev.storage().nbytes()) {
+    if (a == nullptr || !a->isWrite() || !v.isTensor()) {
+      continue;
+    }
+    const at::Tensor& w = v.toTensor();
+    if (!is_openreg(w) || w.numel() == 0 ||
+        at::has_internal_overlap(w) == at::MemOverlap::Yes) {
       return false;
     }
-    // Meta kernels skip memory-overlap checks; an output that partially
-    // overlaps an input takes the synchronous path, which raises exactly
-    // where the CPU does.
-    if (at::has_internal_overlap(dev) == at::MemOverlap::Yes) {
-      return false;
-    }
-    for (size_t i = 0; i < num_args; ++i) {
+    any_written = true;
+    for (size_t j = 0; j < num_args; ++j) {
       bool partial = false;
-      for_each_tensor((*stack)[first + i], [&](const at::Tensor& t) {
+      for_each_tensor((*stack)[first + j], [&](const at::Tensor& t) {
         partial = partial || (t.defined() && is_openreg(t) &&
-                              at::get_overlap_status(dev, t) ==
+                              at::get_overlap_status(w, t) ==
                                   at::MemOverlapStatus::Partial);
       });
       if (partial) {
@@ -367,49 +258,52 @@ bool try_fallback_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       }
     }
   }
-
-  // Results, known now on the host.
-  const size_t num_rets = schema.returns().size();
-  std::vector<c10::IValue> results(num_rets);
-  std::vector<NewOutput> new_outputs;
-  auto plan = [&](const at::Tensor& m, size_t r, int index) -> at::Tensor {
-    if (!m.defined()) {
-      return m;
-    }
-    if (const c10::Storage* storage = mirror.device_storage_of(m)) {
-      return device_alias(*storage, m);  // a view of an input
-    }
-    at::Tensor out =
-        at::empty_strided(m.sizes(), m.strides(), m.options().device(device));
-    out._set_conj(m.is_conj());
-    out._set_neg(m.is_neg());
-    new_outputs.push_back({r, index, device_alias(out.storage(), out)});
-    return out;
-  };
-  for (size_t r = 0; r < num_rets; ++r) {
-    const int arg = written_argument(schema, r);
-    if (arg >= 0) {
-      results[r] = (*stack)[first + static_cast<size_t>(arg)];
+  if (!any_written && !schema.returns().empty()) {
+    return false;
+  }
+  // Output shapes must be known on the host without running the op. Meta
+  // kernels would tell, but most are written in Python (~100 us a call), so
+  // the asynchronous path takes the case it can check for free: every
+  // written tensor already has the broadcast shape and the promoted dtype of
+  // the inputs (all elementwise ops, including the out= calls PyTorch makes
+  // for structured functional ops). Everything else (reductions, matmul,
+  // indexing, an out= to be resized, a cast the CPU rejects) runs
+  // synchronously and behaves exactly like the CPU.
+  c10::DimVector shape;
+  bool first_input = true;
+  at::native::ResultTypeState promotion;
+  for (size_t i = 0; i < num_args; ++i) {
+    const c10::IValue& v = (*stack)[first + i];
+    const c10::AliasInfo* a = arg_schema[i].alias_info();
+    const bool out_arg = a != nullptr && a->isWrite() &&
+                         arg_schema[i].kwarg_only() && v.isTensor();
+    if (!v.isTensor() || out_arg || !v.toTensor().defined()) {
       continue;
     }
-    const c10::IValue& mv = meta_stack[r];
-    if (mv.isTensor()) {
-      results[r] = plan(mv.toTensor(), r, -1);
-    } else if (mv.isTensorList()) {
-      c10::List<at::Tensor> list;
-      int index = 0;
-      for (const at::Tensor& m : mv.toTensorList()) {
-        list.push_back(plan(m, r, index++));
-      }
-      results[r] = list;
-    } else {
-      results[r] = mv;  // None
+    const at::Tensor& t = v.toTensor();
+    promotion = at::native::update_result_type_state(t, promotion);
+    if (first_input) {
+      shape.assign(t.sizes().begin(), t.sizes().end());
+      first_input = false;
+      continue;
+    }
+    try {
+      shape = at::infer_size_dimvector(shape, t.sizes());
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  const c10::ScalarType promoted = at::native::result_type(promotion);
+  for (size_t i = 0; i < num_args; ++i) {
+    const c10::IValue& v = (*stack)[first + i];
+    const c10::AliasInfo* a = arg_schema[i].alias_info();
+    if (a != nullptr && a->isWrite() && v.isTensor() &&
+        (first_input || v.toTensor().sizes() != c10::IntArrayRef(shape) ||
+         v.toTensor().scalar_type() != promoted)) {
+      return false;
     }
   }
 
-  // What the kernel captures: fresh handles over the device storages (the
-  // memory stays alive until the kernel ran; no Python objects), and
-  // snapshots of CPU tensors (the host may change them before it runs).
   std::vector<c10::IValue> captured;
   captured.reserve(num_args);
   for (size_t i = 0; i < num_args; ++i) {
@@ -418,7 +312,17 @@ bool try_fallback_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
           if (!t.defined()) {
             return t;
           }
-          return is_openreg(t) ? device_alias(t.storage(), t) : t.clone();
+          // CPU tensors (scalars, indices) are snapshots: the host may change
+          // them before the kernel runs.
+          if (is_openreg(t)) {
+            return borrowed_alias(t);
+          }
+          at::Tensor snapshot = t.clone();
+          if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+            // A Python number stays a "wrapped number" for type promotion.
+            snapshot.unsafeGetTensorImpl()->set_wrapped_number(true);
+          }
+          return snapshot;
         }));
   }
   std::string name = schema.name();
@@ -426,35 +330,47 @@ bool try_fallback_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     name += "." + schema.overload_name();
   }
   launch_async(
-      device.index(), std::move(name),
-      [op, captured = std::move(captured),
-       new_outputs = std::move(new_outputs)]() {
+      device.index(), std::move(name), [op, captured = std::move(captured)]() {
         KernelViews views;
         torch::jit::Stack kernel_stack;
         kernel_stack.reserve(captured.size());
-        for (const c10::IValue& v : captured) {
-          kernel_stack.push_back(map_tensors(v, [&](const at::Tensor& t) {
-            return is_openreg(t) ? views.view(t) : t;
-          }));
+        std::vector<std::pair<at::Tensor, at::Tensor>> written;
+        const auto& args = op.schema().arguments();
+        for (size_t i = 0; i < captured.size(); ++i) {
+          const c10::AliasInfo* a = args[i].alias_info();
+          const bool writes =
+              a != nullptr && a->isWrite() && captured[i].isTensor();
+          kernel_stack.push_back(
+              map_tensors(captured[i], [&](const at::Tensor& t) {
+                if (!is_openreg(t)) {
+                  return t;
+                }
+                at::Tensor view = views.view(t);
+                if (writes) {
+                  written.emplace_back(t, view);
+                }
+                return view;
+              }));
         }
         at::AutoDispatchBelowADInplaceOrView below_autograd;
         op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU),
                            &kernel_stack);
-        for (const NewOutput& out : new_outputs) {
-          const c10::IValue& v = kernel_stack[out.ret];
-          at::Tensor result = out.list_index < 0
-                                  ? v.toTensor()
-                                  : v.toTensorList()[out.list_index];
-          TORCH_CHECK(result.defined() &&
-                          result.sizes() == out.device.sizes() &&
-                          result.scalar_type() == out.device.scalar_type(),
-                      "result ", result.sizes(), " ", result.scalar_type(),
-                      " differs from the meta kernel's ", out.device.sizes(),
-                      " ", out.device.scalar_type());
-          views.view(out.device).copy_(result);
+        for (const auto& [dev, view] : written) {
+          TORCH_CHECK(
+              dev.sizes() == view.sizes() && dev.strides() == view.strides(),
+              "the out= argument of shape ", dev.sizes(),
+              " would have to be resized to ", view.sizes(),
+              "; asynchronous kernels cannot resize device "
+              "tensors: pass an output of the right shape, "
+              "or an empty one");
         }
       });
 
+  std::vector<c10::IValue> results;
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
+    results.push_back(
+        (*stack)[first + static_cast<size_t>(written_argument(schema, r))]);
+  }
   torch::jit::drop(*stack, num_args);
   for (c10::IValue& r : results) {
     stack->push_back(std::move(r));

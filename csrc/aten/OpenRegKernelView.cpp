@@ -72,6 +72,15 @@ const c10::Storage* KernelViews::device_storage_of(
   return nullptr;
 }
 
+at::Tensor borrowed_alias(const at::Tensor& t) {
+  const c10::Storage& storage = t.storage();
+  c10::DataPtr data(const_cast<void*>(storage.data()), storage.device());
+  c10::Storage borrowed(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), storage.nbytes(), std::move(data),
+      /*allocator=*/nullptr, /*resizable=*/false));
+  return device_alias(borrowed, t);
+}
+
 at::Tensor kernel_view(const at::Tensor& t, bool resizable) {
   KernelViews views;
   return views.view(t, resizable);

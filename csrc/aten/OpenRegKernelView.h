@@ -46,6 +46,10 @@ class KernelViews {
   std::vector<Entry> entries_;
 };
 
+// A device tensor over the same memory and metadata as `t` that does not own
+// the memory (what an asynchronous kernel captures).
+at::Tensor borrowed_alias(const at::Tensor& t);
+
 // A single kernel view (for a launch with one device tensor).
 at::Tensor kernel_view(const at::Tensor& t, bool resizable = false);
 

@@ -512,8 +512,11 @@ class DeviceCache {
     pool_insert(block);
   }
 
-  // Gives every whole free segment back to the runtime.
+  // Gives every whole free segment back to the runtime. Kernels still queued
+  // may use a cached block (a block freed on the host is reused in stream
+  // order), so the device is drained first, as cudaFree does.
   void release_cached_blocks() {
+    synchronize_device(device_);  // raises a pending kernel error, if any
     synchronize_and_free_events();
     for (BlockPool* pool : {&small_, &large_}) {
       for (auto it = pool->blocks.begin(); it != pool->blocks.end();) {

@@ -135,6 +135,7 @@ struct orStream {
   uint64_t completed_ = 0;
   orError_t error_ = orSuccess;
   bool stop_ = false;
+  bool sleeping_ = false;  // the worker waits on work_cv_
   std::thread worker_;
 };
 

@@ -1,4 +1,6 @@
 // Streams: in-order queues, each drained by one worker thread.
+#include <chrono>
+
 #include "runtime_internal.h"
 
 using openreg_rt::Device;
@@ -29,6 +31,7 @@ void orStream::enqueue_marker(std::function<void()> signal) {
 }
 
 void orStream::push(Task task) {
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(task));
@@ -36,8 +39,12 @@ void orStream::push(Task task) {
     if (!worker_.joinable()) {
       worker_ = std::thread([this] { run(); });
     }
+    wake = sleeping_;
   }
-  work_cv_.notify_one();
+  // A worker that is still spinning finds the task without a wake-up.
+  if (wake) {
+    work_cv_.notify_one();
+  }
 }
 
 bool orStream::idle() {
@@ -66,7 +73,24 @@ void orStream::run() {
   orSetDevice(dev_->index);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
+    if (queue_.empty() && !stop_) {
+      // Spin briefly before sleeping: launches come in bursts, and waking a
+      // sleeping worker costs the launching thread a system call.
+      lock.unlock();
+      const auto until =
+          std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+      while (std::chrono::steady_clock::now() < until) {
+        std::this_thread::yield();
+        std::lock_guard<std::mutex> peek(mu_);
+        if (!queue_.empty() || stop_) {
+          break;
+        }
+      }
+      lock.lock();
+    }
+    sleeping_ = true;
     work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    sleeping_ = false;
     if (queue_.empty()) {
       return;  // stop_ and drained
     }
