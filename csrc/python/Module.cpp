@@ -124,6 +124,21 @@ PYBIND11_MODULE(_C, m) {
   m.def("_synchronize", &synchronize, py::arg("device"),
         py::call_guard<py::gil_scoped_release>());
   m.def("_get_device_properties", &get_device_properties, py::arg("device"));
+  m.def(
+      "_stream_priority",
+      [](int64_t stream_id, c10::DeviceIndex device) {
+        return OpenRegStream(
+                   c10::Stream(c10::Stream::UNSAFE,
+                               c10::Device(c10::DeviceType::PrivateUse1,
+                                           device),
+                               stream_id))
+            .priority();
+      },
+      py::arg("stream_id"), py::arg("device"));
+  m.def(
+      "_default_stream_id",
+      [](c10::DeviceIndex device) { return getDefaultStream(device).id(); },
+      py::arg("device"));
   m.def("_set_memory_fraction", &set_memory_fraction, py::arg("fraction"),
         py::arg("device"));
   m.def("_get_memory_fraction", &get_memory_fraction, py::arg("device"));
