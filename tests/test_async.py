@@ -1,0 +1,159 @@
+"""Asynchronous execution: kernels queue on streams, the host runs ahead,
+synchronization points wait, and results equal the CPU's."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from conftest import clean_env
+
+D = "openreg"
+
+
+def test_host_returns_before_queued_work_finishes():
+    x = torch.ones(4 * 2**20, device=D)
+    torch.openreg.synchronize()
+    stream = torch.openreg.current_stream()
+    for _ in range(40):
+        x.mul_(1.0)  # in-place: queued on the current stream
+    pending = not stream.query()  # "has the work finished", not "is it queued"
+    torch.openreg.synchronize()
+    assert stream.query()
+    assert pending, "40 in-place passes over 16 MB finished before the host returned"
+    assert x.sum().item() == 4 * 2**20
+
+
+def test_results_equal_cpu_on_default_and_side_streams():
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+
+    def program(dev):
+        x, y = a.to(dev), b.to(dev)
+        z = torch.empty_like(x)
+        torch.mul(x, y, out=z)
+        z.add_(x).sub_(y * 0.5).clamp_(-1, 1)
+        return (z @ y).sum(0)
+
+    expected = program("cpu")
+    torch.testing.assert_close(program(D).cpu(), expected)
+    side = torch.openreg.Stream()
+    side.wait_stream(torch.openreg.current_stream())
+    with torch.openreg.stream(side):
+        result = program(D)
+    torch.openreg.current_stream().wait_stream(side)
+    torch.testing.assert_close(result.cpu(), expected)
+
+
+def test_backward_on_a_side_stream_gives_cpu_gradients():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    dev_model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+    ).to(D)
+    dev_model.load_state_dict(model.state_dict())
+    x = torch.randn(32, 8)
+    model(x).pow(2).mean().backward()
+    side = torch.openreg.Stream()
+    side.wait_stream(torch.openreg.current_stream())
+    with torch.openreg.stream(side):
+        dev_model(x.to(D)).pow(2).mean().backward()
+    torch.openreg.current_stream().wait_stream(side)
+    for p_cpu, p_dev in zip(model.parameters(), dev_model.parameters(), strict=True):
+        torch.testing.assert_close(p_dev.grad.cpu(), p_cpu.grad)
+
+
+def test_non_blocking_copies_with_pinned_memory():
+    src = torch.arange(1 << 16, dtype=torch.float32).pin_memory()
+    dev = src.to(D, non_blocking=True)
+    back = torch.empty_like(src).pin_memory()
+    back.copy_(dev * 2, non_blocking=True)
+    torch.openreg.synchronize()  # required before the host reads `back`
+    assert torch.equal(back, src * 2)
+
+
+def test_event_timing_is_plausible():
+    x = torch.ones(2**20, device=D)
+    start = torch.openreg.Event(enable_timing=True)
+    end = torch.openreg.Event(enable_timing=True)
+    torch.openreg.synchronize()
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(50):
+        x.mul_(1.0)
+    end.record()
+    end.synchronize()
+    wall_ms = (time.perf_counter() - t0) * 1000
+    elapsed = start.elapsed_time(end)
+    assert 0 < elapsed <= wall_ms + 1.0, (elapsed, wall_ms)
+    assert start.query() and end.query()
+
+
+def test_stream_priorities_and_external_ids():
+    high = torch.openreg.Stream(priority=-1)
+    low = torch.openreg.Stream(priority=0)
+    clamped = torch.openreg.Stream(priority=-7)
+    assert (high.priority, low.priority, clamped.priority) == (-1, 0, -1)
+    same = torch.openreg.Stream(
+        stream_id=high.stream_id, device_index=high.device_index, device_type=high.device_type
+    )
+    assert same == high and same.priority == -1
+    assert torch.openreg.default_stream().stream_id == 0
+    assert torch.openreg.default_stream(1).device_index == 1
+
+
+def test_accelerator_stream_functions():
+    s = torch.openreg.Stream()
+    prev = torch.accelerator.current_stream()
+    torch.accelerator.set_stream(s)
+    try:
+        assert torch.accelerator.current_stream() == s
+        assert torch.openreg.current_stream() == s
+    finally:
+        torch.accelerator.set_stream(prev)
+    torch.accelerator.synchronize()
+    assert s.query()
+
+
+def _run(code, **env):
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(**env),
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+PROGRAM = """
+import torch
+torch.manual_seed(0)
+x = torch.randn(256, 256).to("openreg")
+w = torch.randn(256, 256).to("openreg")
+side = torch.openreg.Stream()
+for i in range(5):
+    x = (x @ w).tanh_()
+    x.mul_(1.5).add_(0.1)
+side.wait_stream(torch.openreg.current_stream())
+with torch.openreg.stream(side):
+    y = x * 2
+torch.openreg.current_stream().wait_stream(side)
+print(repr(y.sum().item()), repr(x.cpu().double().sum().item()))
+"""
+
+
+@pytest.mark.parametrize("blocking", ["0", "1"])
+def test_launch_blocking_gives_the_same_results(blocking):
+    cpu = _run(
+        PROGRAM.replace('.to("openreg")', "")
+        .replace("torch.openreg.Stream()", "None")
+        .replace("side.wait_stream(torch.openreg.current_stream())", "")
+        .replace("with torch.openreg.stream(side):", "if True:")
+        .replace("torch.openreg.current_stream().wait_stream(side)", "")
+    )
+    dev = _run(PROGRAM, OPENREG_LAUNCH_BLOCKING=blocking)
+    assert dev == cpu
