@@ -40,6 +40,7 @@ void orStream::push(Task task) {
       worker_ = std::thread([this] { run(); });
     }
     wake = sleeping_;
+    pushed_.fetch_add(1, std::memory_order_release);
   }
   // A worker that is still spinning finds the task without a wake-up.
   if (wake) {
@@ -76,15 +77,15 @@ void orStream::run() {
     if (queue_.empty() && !stop_) {
       // Spin briefly before sleeping: launches come in bursts, and waking a
       // sleeping worker costs the launching thread a system call.
+      // The spin reads an atomic counter, never the mutex, so it does not
+      // slow down the launching thread.
+      const uint64_t seen = pushed_.load(std::memory_order_acquire);
       lock.unlock();
       const auto until =
           std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-      while (std::chrono::steady_clock::now() < until) {
+      while (pushed_.load(std::memory_order_acquire) == seen &&
+             std::chrono::steady_clock::now() < until) {
         std::this_thread::yield();
-        std::lock_guard<std::mutex> peek(mu_);
-        if (!queue_.empty() || stop_) {
-          break;
-        }
       }
       lock.lock();
     }
