@@ -90,6 +90,8 @@ void OpenRegGuardImpl::record(void** event, const c10::Stream& stream,
     *event = created;
   }
   OPENREG_CHECK(orEventRecord(as_event(*event), native_stream(stream)));
+  trace_sync("record", reinterpret_cast<int64_t>(*event), stream.id(),
+             stream.device_index());
 }
 
 void OpenRegGuardImpl::block(void* event, const c10::Stream& stream) const {
@@ -97,6 +99,8 @@ void OpenRegGuardImpl::block(void* event, const c10::Stream& stream) const {
     return;  // never recorded: nothing to wait for
   }
   OPENREG_CHECK(orStreamWaitEvent(native_stream(stream), as_event(event)));
+  trace_sync("wait", reinterpret_cast<int64_t>(event), stream.id(),
+             stream.device_index());
 }
 
 bool OpenRegGuardImpl::queryEvent(void* event) const {
@@ -114,6 +118,7 @@ bool OpenRegGuardImpl::queryEvent(void* event) const {
 void OpenRegGuardImpl::synchronizeEvent(void* event) const {
   if (event != nullptr) {
     OPENREG_CHECK(orEventSynchronize(as_event(event)));
+    trace_sync("sync_event", reinterpret_cast<int64_t>(event), 0, -1);
   }
 }
 

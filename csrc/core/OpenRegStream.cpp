@@ -104,6 +104,19 @@ void raise_deferred(orError_t err, orStream_t stream, c10::DeviceIndex device) {
 
 }  // namespace
 
+namespace {
+std::atomic<SyncTraceFn> g_sync_trace{nullptr};
+}  // namespace
+
+void set_sync_trace(SyncTraceFn fn) { g_sync_trace.store(fn); }
+
+void trace_sync(const char* kind, int64_t event, int64_t stream,
+                int64_t device) {
+  if (SyncTraceFn fn = g_sync_trace.load(std::memory_order_relaxed)) {
+    fn(kind, event, stream, device);
+  }
+}
+
 void record_kernel_failure(orStream_t stream, const std::string& op,
                            const char* what) {
   std::lock_guard<std::mutex> lock(g_errors_mutex);
@@ -114,6 +127,7 @@ void record_kernel_failure(orStream_t stream, const std::string& op,
 void synchronize_device(c10::DeviceIndex device) {
   ScopedDevice guard(device);
   raise_deferred(orDeviceSynchronize(), nullptr, device);
+  trace_sync("sync_device", 0, 0, device);
 }
 
 orStream_t native_stream(const c10::Stream& stream) {
@@ -153,6 +167,7 @@ bool OpenRegStream::query() const {
 void OpenRegStream::synchronize() const {
   orStream_t s = native();
   raise_deferred(orStreamSynchronize(s), s, device_index());
+  trace_sync("sync_stream", 0, id(), device_index());
 }
 
 OpenRegStream getDefaultStream(c10::DeviceIndex device) {

@@ -49,6 +49,17 @@ void record_kernel_failure(orStream_t stream, const std::string& op,
 // Waits for `device` (all its streams) and raises deferred kernel errors.
 void synchronize_device(c10::DeviceIndex device);
 
+// Synchronization trace for the stream sanitizer: when set, every event
+// record/wait and every host synchronization is reported. kind is one of
+// "record" (event, stream, device), "wait" (event, stream, device),
+// "sync_event" (event), "sync_stream" (stream, device), "sync_device"
+// (device). The function must not throw.
+using SyncTraceFn = void (*)(const char* kind, int64_t event, int64_t stream,
+                             int64_t device);
+void set_sync_trace(SyncTraceFn fn);
+void trace_sync(const char* kind, int64_t event, int64_t stream,
+                int64_t device);
+
 // The runtime handle behind a c10::Stream of type PrivateUse1.
 orStream_t native_stream(const c10::Stream& stream);
 

@@ -49,6 +49,35 @@ void synchronize(c10::DeviceIndex device) {
   synchronize_device(device < 0 ? current_device() : device);
 }
 
+// The Python callable the stream sanitizer installed (leaked on purpose: it
+// may be called until exit).
+py::object* g_trace_callback = nullptr;
+
+void call_trace(const char* kind, int64_t event, int64_t stream,
+                int64_t device) {
+  py::gil_scoped_acquire gil;
+  if (g_trace_callback == nullptr) {
+    return;
+  }
+  try {
+    (*g_trace_callback)(kind, event, stream, device);
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable("openreg stream sanitizer trace");
+  }
+}
+
+void set_trace_callback(py::object callback) {
+  if (callback.is_none()) {
+    set_sync_trace(nullptr);
+    return;
+  }
+  if (g_trace_callback == nullptr) {
+    g_trace_callback = new py::object();
+  }
+  *g_trace_callback = std::move(callback);
+  set_sync_trace(&call_trace);
+}
+
 py::list snapshot_to_python() {
   py::list segments;
   for (const SegmentSnapshot& seg : memory_snapshot()) {
@@ -139,6 +168,7 @@ PYBIND11_MODULE(_C, m) {
       "_default_stream_id",
       [](c10::DeviceIndex device) { return getDefaultStream(device).id(); },
       py::arg("device"));
+  m.def("_set_sync_trace", &set_trace_callback, py::arg("callback"));
   m.def("_set_memory_fraction", &set_memory_fraction, py::arg("fraction"),
         py::arg("device"));
   m.def("_get_memory_fraction", &get_memory_fraction, py::arg("device"));

@@ -15,6 +15,7 @@ import torch
 
 from torch_openreg import _C
 
+from . import sanitizer
 from .memory import (
     empty_cache,
     get_per_process_memory_fraction,
@@ -55,6 +56,7 @@ from .streams import (
 )
 
 __all__ = [
+    "sanitizer",
     "Event",
     "Stream",
     "StreamContext",

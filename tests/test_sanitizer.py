@@ -1,0 +1,109 @@
+"""The stream sanitizer flags unsynchronized cross-stream and host accesses,
+and stays quiet on correctly synchronized programs."""
+
+import pytest
+import torch
+
+o = torch.openreg
+D = "openreg"
+
+
+@pytest.fixture
+def sanitizer():
+    o.synchronize()
+    o.sanitizer.enable()
+    try:
+        yield o.sanitizer
+    finally:
+        o.sanitizer.disable()
+        o.synchronize()
+
+
+def side_stream():
+    s = o.Stream()
+    s.wait_stream(o.current_stream())
+    return s
+
+
+def test_read_on_another_stream_without_wait_is_flagged(sanitizer):
+    x = torch.zeros(1000, device=D)
+    s = side_stream()
+    with o.stream(s):
+        x.add_(1)
+    with pytest.raises(sanitizer.StreamRaceError) as info:
+        x * 2
+    msg = str(info.value)
+    assert "aten.mul.Tensor" in msg and "aten.add_.Tensor" in msg
+    assert "launched from" in msg and "test_sanitizer.py" in msg
+    o.current_stream().wait_stream(s)
+
+
+def test_write_after_read_on_another_stream_is_flagged(sanitizer):
+    x = torch.ones(1000, device=D)
+    s = side_stream()
+    with o.stream(s):
+        y = x * 2
+    with pytest.raises(sanitizer.StreamRaceError, match="write by aten.mul_"):
+        x.mul_(3)
+    o.current_stream().wait_stream(s)
+    del y
+
+
+def test_wait_stream_orders_the_accesses(sanitizer):
+    x = torch.zeros(1000, device=D)
+    s = side_stream()
+    with o.stream(s):
+        x.add_(1)
+    o.current_stream().wait_stream(s)
+    assert (x * 2).sum().item() == 2000
+
+
+def test_events_order_the_accesses(sanitizer):
+    x = torch.zeros(1000, device=D)
+    s = side_stream()
+    done = o.Event()
+    with o.stream(s):
+        x.add_(1)
+        done.record()
+    o.current_stream().wait_event(done)
+    assert (x * 2).sum().item() == 2000
+
+
+def test_record_stream_program_is_clean(sanitizer):
+    x = torch.ones(1000, device=D)
+    s = side_stream()
+    with o.stream(s):
+        y = x * 2
+    x.record_stream(s)
+    del x
+    o.current_stream().wait_stream(s)
+    assert y.sum().item() == 2000
+
+
+def test_host_read_of_pending_non_blocking_copy_is_flagged(sanitizer):
+    x = torch.ones(1000, device=D)
+    pinned = torch.empty(1000).pin_memory()
+    pinned.copy_(x, non_blocking=True)
+    with pytest.raises(sanitizer.StreamRaceError, match="on the host"):
+        pinned.sum()
+    o.synchronize()
+
+
+def test_host_read_after_synchronize_is_clean(sanitizer):
+    x = torch.ones(1000, device=D)
+    pinned = torch.empty(1000).pin_memory()
+    pinned.copy_(x, non_blocking=True)
+    o.current_stream().synchronize()
+    assert pinned.sum().item() == 1000
+
+
+def test_enabled_by_environment_variable(py):
+    out = py(
+        """
+        import torch
+        print(torch.openreg.sanitizer.is_enabled())
+        """,
+        OPENREG_SANITIZE_STREAMS="1",
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
