@@ -1,6 +1,8 @@
 // Copies between openreg and the CPU, and between openreg devices, with
 // broadcasting and dtype conversion. copy_, to(), cpu() and the generated
 // .openreg() methods all end here.
+#include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/copy.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
@@ -78,6 +80,20 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
     getCurrentStream(self.device().index()).synchronize();
   }
   if (non_blocking && try_async_pinned_copy(self, dst, device)) {
+    return dst;
+  }
+  if (is_openreg(self) && is_openreg(dst) &&
+      self.device().index() == dst.device().index() &&
+      !self.storage().is_alias_of(dst.storage()) &&
+      at::is_expandable_to(self.sizes(), dst.sizes()) &&
+      at::has_internal_overlap(dst) != at::MemOverlap::Yes) {
+    // Device to device on one device: a kernel queued on the stream (the
+    // host does not wait), with non-owning handles like every async kernel.
+    launch_async(device, "aten::copy_",
+                 [src = borrowed_alias(self), out = borrowed_alias(dst)]() {
+                   KernelViews views;
+                   views.view(out).copy_(views.view(src));
+                 });
     return dst;
   }
   run_sync(device, [&] {

@@ -157,10 +157,10 @@ PYBIND11_MODULE(_C, m) {
       "_stream_priority",
       [](int64_t stream_id, c10::DeviceIndex device) {
         return OpenRegStream(
-                   c10::Stream(c10::Stream::UNSAFE,
-                               c10::Device(c10::DeviceType::PrivateUse1,
-                                           device),
-                               stream_id))
+                   c10::Stream(
+                       c10::Stream::UNSAFE,
+                       c10::Device(c10::DeviceType::PrivateUse1, device),
+                       stream_id))
             .priority();
       },
       py::arg("stream_id"), py::arg("device"));
