@@ -24,7 +24,10 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <mutex>
+#include <sstream>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "aten/OpenRegKernelView.h"
@@ -198,6 +201,25 @@ int written_argument(const c10::FunctionSchema& schema, size_t ret) {
     }
   }
   return -1;
+}
+
+// Ops that must run synchronously although nothing in their schema says so:
+// meta kernels that describe results the CPU kernel does not produce (batch
+// norm in eval mode returns empty saved statistics on the CPU), and random
+// ops without a Generator argument (they draw from a global generator, which
+// must happen in program order).
+bool meta_differs_from_cpu(const c10::OperatorName& name) {
+  static constexpr std::string_view kOps[] = {
+      "aten::native_batch_norm", "aten::_native_batch_norm_legit",
+      "aten::_native_batch_norm_legit_no_training",
+      "aten::_batch_norm_with_update", "aten::_batch_norm_no_update",
+      "aten::native_dropout", "aten::_fused_dropout"};
+  for (auto op : kOps) {
+    if (name.name == op) {
+      return true;
+    }
+  }
+  return false;
 }
 
 // The asynchronous path, for in-place and out= operators (every result is
@@ -378,6 +400,379 @@ bool try_fallback_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   return true;
 }
 
+// ---------------------------------------------------------------------------
+// The asynchronous path for everything else: output metadata from the op's
+// meta kernel, cached by signature.
+//
+// Meta kernels are mostly Python (~100 us), so their answer is cached per
+// signature (operator, and for each argument its dtype, sizes and strides,
+// or its value): a training loop repeats the same signatures, so the meta
+// kernel runs once per shape. A signature whose meta run fails (data-
+// dependent shapes, no meta kernel) or says an output aliases an input or a
+// written argument changes shape is cached as "synchronous".
+
+struct OutSpec {
+  enum Kind { kWritten, kNew, kNewList, kNone } kind = kNone;
+  int arg = -1;                          // kWritten
+  std::vector<at::TensorOptions> dtypes;  // kNew/kNewList, one per tensor
+  std::vector<std::vector<int64_t>> sizes;
+  std::vector<std::vector<int64_t>> strides;
+};
+
+struct MetaEntry {
+  bool ok = false;
+  std::vector<OutSpec> outs;
+};
+
+void append_signature(std::string& key, const c10::IValue& v) {
+  auto tensor = [&key](const at::Tensor& t) {
+    if (!t.defined()) {
+      key += "U;";
+      return;
+    }
+    key += is_openreg(t) ? 'D' : 'C';
+    key += std::to_string(static_cast<int>(t.scalar_type()));
+    key += '[';
+    for (auto d : t.sizes()) {
+      key += std::to_string(d);
+      key += ',';
+    }
+    key += '|';
+    for (auto d : t.strides()) {
+      key += std::to_string(d);
+      key += ',';
+    }
+    key += ']';
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      key += 'w';
+    }
+    if (t.is_conj()) {
+      key += 'c';
+    }
+    if (t.is_neg()) {
+      key += 'n';
+    }
+    key += ';';
+  };
+  if (v.isTensor()) {
+    tensor(v.toTensor());
+  } else if (v.isTensorList()) {
+    key += '{';
+    for (const at::Tensor& t : v.toTensorList()) {
+      tensor(t);
+    }
+    key += '}';
+  } else if (v.isList() && !v.toListRef().empty() &&
+             v.toListRef()[0].isTensor()) {
+    key += '{';
+    for (const c10::IValue& e : v.toListRef()) {
+      e.isTensor() ? tensor(e.toTensor()) : void(key += "N;");
+    }
+    key += '}';
+  } else {
+    std::ostringstream os;
+    os << v;
+    key += os.str();
+    key += ';';
+  }
+}
+
+class MetaCache {
+ public:
+  std::shared_ptr<const MetaEntry> find(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = map_.find(key);
+    return it == map_.end() ? nullptr : it->second;
+  }
+  void insert(const std::string& key, std::shared_ptr<const MetaEntry> e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (map_.size() > 8192) {
+      map_.clear();  // bounded: shapes of a long-running program change
+    }
+    map_.emplace(key, std::move(e));
+  }
+
+ private:
+  std::mutex mutex_;  // guards map_
+  std::unordered_map<std::string, std::shared_ptr<const MetaEntry>> map_;
+};
+
+MetaCache& meta_cache() {
+  static auto* cache = new MetaCache();  // leaked: used until exit
+  return *cache;
+}
+
+// Runs the op on meta tensors (one meta storage per device storage, so
+// aliasing shows) and describes its results.
+std::shared_ptr<const MetaEntry> compute_meta(const c10::OperatorHandle& op,
+                                              const torch::jit::Stack& stack,
+                                              size_t first) {
+  auto entry = std::make_shared<MetaEntry>();
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  std::vector<std::pair<c10::StorageImpl*, c10::Storage>> storages;
+  auto meta_of = [&](const at::Tensor& t) -> at::Tensor {
+    if (!is_openreg(t)) {
+      return t;
+    }
+    c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+    const c10::Storage* meta_storage = nullptr;
+    for (const auto& [k, st] : storages) {
+      if (k == key) {
+        meta_storage = &st;
+      }
+    }
+    if (meta_storage == nullptr) {
+      storages.emplace_back(
+          key, c10::Storage(c10::Storage::use_byte_size_t(),
+                            t.storage().nbytes(),
+                            c10::GetAllocator(c10::DeviceType::Meta),
+                            /*resizable=*/true));
+      meta_storage = &storages.back().second;
+    }
+    at::Tensor m = at::detail::make_tensor<c10::TensorImpl>(
+        c10::Storage(*meta_storage),
+        c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
+    m.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(),
+                                                   t.storage_offset());
+    m._set_conj(t.is_conj());
+    m._set_neg(t.is_neg());
+    return m;
+  };
+  torch::jit::Stack meta_stack;
+  std::vector<std::pair<at::Tensor, at::Tensor>> written;
+  for (size_t i = 0; i < num_args; ++i) {
+    const c10::IValue& v = stack[first + i];
+    const c10::AliasInfo* a = schema.arguments()[i].alias_info();
+    const bool writes = a != nullptr && a->isWrite() && v.isTensor();
+    meta_stack.push_back(map_tensors(v, [&](const at::Tensor& t) {
+      at::Tensor m = meta_of(t);
+      if (writes && is_openreg(t)) {
+        written.emplace_back(t, m);
+      }
+      return m;
+    }));
+  }
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta),
+                       &meta_stack);
+  } catch (const std::exception&) {
+    return entry;  // not ok: synchronous
+  }
+  for (const auto& [dev, m] : written) {
+    if (dev.sizes() != m.sizes() || dev.strides() != m.strides() ||
+        dev.storage_offset() != m.storage_offset()) {
+      return entry;
+    }
+  }
+  auto aliases_input = [&](const at::Tensor& m) {
+    for (const auto& [k, st] : storages) {
+      if (st.unsafeGetStorageImpl() == m.storage().unsafeGetStorageImpl()) {
+        return true;
+      }
+    }
+    return false;
+  };
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
+    OutSpec spec;
+    const int arg = written_argument(schema, r);
+    const c10::IValue& mv = meta_stack[r];
+    auto add = [&](const at::Tensor& m) {
+      spec.dtypes.push_back(m.options());
+      spec.sizes.emplace_back(m.sizes().begin(), m.sizes().end());
+      spec.strides.emplace_back(m.strides().begin(), m.strides().end());
+    };
+    if (arg >= 0) {
+      spec.kind = OutSpec::kWritten;
+      spec.arg = arg;
+    } else if (mv.isTensor()) {
+      const at::Tensor& m = mv.toTensor();
+      if (!m.defined() || m.is_conj() || m.is_neg() || aliases_input(m)) {
+        return entry;
+      }
+      spec.kind = OutSpec::kNew;
+      add(m);
+    } else if (mv.isTensorList()) {
+      spec.kind = OutSpec::kNewList;
+      for (const at::Tensor& m : mv.toTensorList()) {
+        if (!m.defined() || aliases_input(m)) {
+          return entry;
+        }
+        add(m);
+      }
+    } else if (!mv.isNone()) {
+      return entry;
+    }
+    entry->outs.push_back(std::move(spec));
+  }
+  entry->ok = true;
+  return entry;
+}
+
+bool try_fallback_async_meta(const c10::OperatorHandle& op,
+                             torch::jit::Stack* stack, c10::Device device) {
+  const c10::FunctionSchema& schema = op.schema();
+  if (meta_differs_from_cpu(schema.operator_name())) {
+    return false;
+  }
+  const auto& arg_schema = schema.arguments();
+  const size_t num_args = arg_schema.size();
+  for (const c10::Argument& a : arg_schema) {
+    if (is_generator_arg(a) || a.name() == "output_mask") {
+      return false;
+    }
+  }
+  const size_t first = stack->size() - num_args;
+  for (size_t i = 0; i < num_args; ++i) {
+    const c10::IValue& v = (*stack)[first + i];
+    if (v.isDevice()) {
+      return false;
+    }
+    const c10::AliasInfo* a = arg_schema[i].alias_info();
+    if (a == nullptr || !a->isWrite() || !v.isTensor()) {
+      continue;
+    }
+    const at::Tensor& w = v.toTensor();
+    if (!is_openreg(w) || w.numel() == 0 ||
+        at::has_internal_overlap(w) == at::MemOverlap::Yes) {
+      return false;
+    }
+    for (size_t j = 0; j < num_args; ++j) {
+      bool partial = false;
+      for_each_tensor((*stack)[first + j], [&](const at::Tensor& t) {
+        partial = partial || (t.defined() && is_openreg(t) &&
+                              at::get_overlap_status(w, t) ==
+                                  at::MemOverlapStatus::Partial);
+      });
+      if (partial) {
+        return false;
+      }
+    }
+  }
+  std::string key = schema.name();
+  key += '.';
+  key += schema.overload_name();
+  key += ':';
+  for (size_t i = 0; i < num_args; ++i) {
+    append_signature(key, (*stack)[first + i]);
+  }
+  std::shared_ptr<const MetaEntry> entry = meta_cache().find(key);
+  if (entry == nullptr) {
+    entry = compute_meta(op, *stack, first);
+    meta_cache().insert(key, entry);
+  }
+  if (!entry->ok) {
+    return false;
+  }
+
+  // Results, allocated now on the host.
+  std::vector<c10::IValue> results;
+  std::vector<std::pair<std::pair<size_t, int>, at::Tensor>> new_outputs;
+  for (size_t r = 0; r < entry->outs.size(); ++r) {
+    const OutSpec& spec = entry->outs[r];
+    auto make = [&](size_t i) {
+      at::Tensor out = at::empty_strided(spec.sizes[i], spec.strides[i],
+                                         spec.dtypes[i].device(device));
+      new_outputs.push_back({{r, spec.kind == OutSpec::kNew ? -1 : int(i)},
+                             borrowed_alias(out)});
+      return out;
+    };
+    switch (spec.kind) {
+      case OutSpec::kWritten:
+        results.push_back((*stack)[first + static_cast<size_t>(spec.arg)]);
+        break;
+      case OutSpec::kNew:
+        results.push_back(make(0));
+        break;
+      case OutSpec::kNewList: {
+        c10::List<at::Tensor> list;
+        for (size_t i = 0; i < spec.sizes.size(); ++i) {
+          list.push_back(make(i));
+        }
+        results.push_back(list);
+        break;
+      }
+      case OutSpec::kNone:
+        results.emplace_back();
+        break;
+    }
+  }
+
+  std::vector<c10::IValue> captured;
+  captured.reserve(num_args);
+  for (size_t i = 0; i < num_args; ++i) {
+    captured.push_back(map_tensors((*stack)[first + i], [](const at::Tensor& t) {
+      if (!t.defined()) {
+        return t;
+      }
+      if (is_openreg(t)) {
+        return borrowed_alias(t);
+      }
+      at::Tensor snapshot = t.clone();
+      if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+        snapshot.unsafeGetTensorImpl()->set_wrapped_number(true);
+      }
+      return snapshot;
+    }));
+  }
+  std::string name = schema.name();
+  if (!schema.overload_name().empty()) {
+    name += "." + schema.overload_name();
+  }
+  launch_async(
+      device.index(), std::move(name),
+      [op, captured = std::move(captured),
+       new_outputs = std::move(new_outputs)]() {
+        KernelViews views;
+        torch::jit::Stack kernel_stack;
+        kernel_stack.reserve(captured.size());
+        std::vector<std::pair<at::Tensor, at::Tensor>> written;
+        const auto& args = op.schema().arguments();
+        for (size_t i = 0; i < captured.size(); ++i) {
+          const c10::AliasInfo* a = args[i].alias_info();
+          const bool writes =
+              a != nullptr && a->isWrite() && captured[i].isTensor();
+          kernel_stack.push_back(
+              map_tensors(captured[i], [&](const at::Tensor& t) {
+                if (!is_openreg(t)) {
+                  return t;
+                }
+                at::Tensor view = views.view(t);
+                if (writes) {
+                  written.emplace_back(t, view);
+                }
+                return view;
+              }));
+        }
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU),
+                           &kernel_stack);
+        for (const auto& [dev, view] : written) {
+          TORCH_CHECK(dev.sizes() == view.sizes(),
+                      "the out= argument of shape ", dev.sizes(),
+                      " would have to be resized to ", view.sizes());
+        }
+        for (const auto& [where, out] : new_outputs) {
+          const c10::IValue& v = kernel_stack[where.first];
+          at::Tensor result = where.second < 0
+                                  ? v.toTensor()
+                                  : v.toTensorList()[where.second];
+          TORCH_CHECK(result.defined() && result.sizes() == out.sizes() &&
+                          result.scalar_type() == out.scalar_type(),
+                      "the CPU kernel's result differs from the meta "
+                      "kernel's ",
+                      out.sizes(), " ", out.scalar_type());
+          views.view(out).copy_(result);
+        }
+      });
+
+  torch::jit::drop(*stack, num_args);
+  for (c10::IValue& r : results) {
+    stack->push_back(std::move(r));
+  }
+  return true;
+}
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const auto& arg_schema = schema.arguments();
@@ -392,7 +787,8 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       "it has no CPU kernel either.");
   const c10::Device device = find_device(op, args);
   const c10::DeviceGuard guard(device);
-  if (!launch_blocking() && try_fallback_async(op, stack, device)) {
+  if (!launch_blocking() && (try_fallback_async(op, stack, device) ||
+                              try_fallback_async_meta(op, stack, device))) {
     return;
   }
 
