@@ -161,3 +161,26 @@ def test_launch_blocking_gives_the_same_results(blocking):
     )
     dev = _run(PROGRAM, OPENREG_LAUNCH_BLOCKING=blocking)
     assert dev == cpu
+
+
+@pytest.mark.skipif(
+    os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1", reason="launches wait in blocking mode"
+)
+def test_reductions_matmul_and_norms_are_queued_too():
+    x = torch.ones(1024, 1024, device=D)
+    w = torch.ones(1024, 256, device=D)
+    ops = {
+        "sum": lambda: x.sum(0),
+        "matmul": lambda: x @ w,
+        "softmax": lambda: torch.softmax(x, 1),
+        "layer_norm": lambda: torch.nn.functional.layer_norm(x, (1024,)),
+    }
+    stream = torch.openreg.current_stream()
+    for name, op in ops.items():
+        expected = op().cpu()  # first call: shapes learned, result checked
+        torch.openreg.synchronize()
+        results = [op() for _ in range(8)]
+        pending = not stream.query()
+        assert pending, f"{name}: the host waited for the device"
+        for r in results:
+            torch.testing.assert_close(r.cpu(), expected)
