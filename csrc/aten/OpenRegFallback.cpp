@@ -210,10 +210,13 @@ int written_argument(const c10::FunctionSchema& schema, size_t ret) {
 // must happen in program order).
 bool meta_differs_from_cpu(const c10::OperatorName& name) {
   static constexpr std::string_view kOps[] = {
-      "aten::native_batch_norm", "aten::_native_batch_norm_legit",
+      "aten::native_batch_norm",
+      "aten::_native_batch_norm_legit",
       "aten::_native_batch_norm_legit_no_training",
-      "aten::_batch_norm_with_update", "aten::_batch_norm_no_update",
-      "aten::native_dropout", "aten::_fused_dropout"};
+      "aten::_batch_norm_with_update",
+      "aten::_batch_norm_no_update",
+      "aten::native_dropout",
+      "aten::_fused_dropout"};
   for (auto op : kOps) {
     if (name.name == op) {
       return true;
@@ -413,7 +416,7 @@ bool try_fallback_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
 
 struct OutSpec {
   enum Kind { kWritten, kNew, kNewList, kNone } kind = kNone;
-  int arg = -1;                          // kWritten
+  int arg = -1;                           // kWritten
   std::vector<at::TensorOptions> dtypes;  // kNew/kNewList, one per tensor
   std::vector<std::vector<int64_t>> sizes;
   std::vector<std::vector<int64_t>> strides;
@@ -524,10 +527,10 @@ std::shared_ptr<const MetaEntry> compute_meta(const c10::OperatorHandle& op,
     }
     if (meta_storage == nullptr) {
       storages.emplace_back(
-          key, c10::Storage(c10::Storage::use_byte_size_t(),
-                            t.storage().nbytes(),
-                            c10::GetAllocator(c10::DeviceType::Meta),
-                            /*resizable=*/true));
+          key,
+          c10::Storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
+                       c10::GetAllocator(c10::DeviceType::Meta),
+                       /*resizable=*/true));
       meta_storage = &storages.back().second;
     }
     at::Tensor m = at::detail::make_tensor<c10::TensorImpl>(
@@ -673,8 +676,8 @@ bool try_fallback_async_meta(const c10::OperatorHandle& op,
     auto make = [&](size_t i) {
       at::Tensor out = at::empty_strided(spec.sizes[i], spec.strides[i],
                                          spec.dtypes[i].device(device));
-      new_outputs.push_back({{r, spec.kind == OutSpec::kNew ? -1 : int(i)},
-                             borrowed_alias(out)});
+      new_outputs.push_back(
+          {{r, spec.kind == OutSpec::kNew ? -1 : int(i)}, borrowed_alias(out)});
       return out;
     };
     switch (spec.kind) {
@@ -701,19 +704,20 @@ bool try_fallback_async_meta(const c10::OperatorHandle& op,
   std::vector<c10::IValue> captured;
   captured.reserve(num_args);
   for (size_t i = 0; i < num_args; ++i) {
-    captured.push_back(map_tensors((*stack)[first + i], [](const at::Tensor& t) {
-      if (!t.defined()) {
-        return t;
-      }
-      if (is_openreg(t)) {
-        return borrowed_alias(t);
-      }
-      at::Tensor snapshot = t.clone();
-      if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
-        snapshot.unsafeGetTensorImpl()->set_wrapped_number(true);
-      }
-      return snapshot;
-    }));
+    captured.push_back(
+        map_tensors((*stack)[first + i], [](const at::Tensor& t) {
+          if (!t.defined()) {
+            return t;
+          }
+          if (is_openreg(t)) {
+            return borrowed_alias(t);
+          }
+          at::Tensor snapshot = t.clone();
+          if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+            snapshot.unsafeGetTensorImpl()->set_wrapped_number(true);
+          }
+          return snapshot;
+        }));
   }
   std::string name = schema.name();
   if (!schema.overload_name().empty()) {
@@ -754,9 +758,8 @@ bool try_fallback_async_meta(const c10::OperatorHandle& op,
         }
         for (const auto& [where, out] : new_outputs) {
           const c10::IValue& v = kernel_stack[where.first];
-          at::Tensor result = where.second < 0
-                                  ? v.toTensor()
-                                  : v.toTensorList()[where.second];
+          at::Tensor result =
+              where.second < 0 ? v.toTensor() : v.toTensorList()[where.second];
           TORCH_CHECK(result.defined() && result.sizes() == out.sizes() &&
                           result.scalar_type() == out.scalar_type(),
                       "the CPU kernel's result differs from the meta "
@@ -788,7 +791,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::Device device = find_device(op, args);
   const c10::DeviceGuard guard(device);
   if (!launch_blocking() && (try_fallback_async(op, stack, device) ||
-                              try_fallback_async_meta(op, stack, device))) {
+                             try_fallback_async_meta(op, stack, device))) {
     return;
   }
 

@@ -6,13 +6,17 @@
 //    _thnn_fused_gru_cell on accelerators; these have no CPU kernel.
 #include <ATen/TensorOperators.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/native/ConvUtils.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/sigmoid.h>
 #include <ATen/ops/tanh.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
+
+#include <algorithm>
 
 #include "aten/OpenRegKernelView.h"
 
@@ -40,6 +44,51 @@ at::Tensor convolution_overrideable(
   }
   const c10::Device device = input.device();
   const c10::DeviceGuard guard(device);
+  // The output shape is known on the host, so the convolution is queued. If
+  // the shapes are inconsistent, run it now so the CPU's error is raised
+  // at the call.
+  const bool channels_ok =
+      input.dim() == weight.dim() && input.dim() >= 3 &&
+      (transposed ? input.size(1) == weight.size(0)
+                  : input.size(1) == weight.size(1) * groups);
+  std::vector<int64_t> out_size;
+  if (channels_ok) {
+    out_size = transposed
+                   ? at::native::conv_input_size(input.sizes(), weight.sizes(),
+                                                 padding, output_padding,
+                                                 stride, dilation, groups)
+                   : at::native::conv_output_size(input.sizes(), weight.sizes(),
+                                                  padding, stride, dilation);
+  }
+  const bool known = channels_ok && !launch_blocking() &&
+                     std::all_of(out_size.begin(), out_size.end(),
+                                 [](int64_t d) { return d > 0; });
+  if (known) {
+    at::Tensor out = at::empty(out_size, input.options());
+    std::vector<int64_t> s(stride.begin(), stride.end());
+    std::vector<int64_t> p(padding.begin(), padding.end());
+    std::vector<int64_t> d(dilation.begin(), dilation.end());
+    std::vector<int64_t> op(output_padding.begin(), output_padding.end());
+    std::optional<at::Tensor> b;
+    if (has_bias) {
+      b = borrowed_alias(*bias);
+    }
+    launch_async(
+        device.index(), "aten::convolution_overrideable",
+        [in = borrowed_alias(input), w = borrowed_alias(weight), b,
+         res = borrowed_alias(out), s, p, d, transposed, op, groups]() {
+          at::AutoDispatchBelowADInplaceOrView below_autograd;
+          KernelViews views;
+          std::optional<at::Tensor> bv;
+          if (b.has_value()) {
+            bv = views.view(*b);
+          }
+          at::Tensor r = at::convolution(views.view(in), views.view(w), bv, s,
+                                         p, d, transposed, op, groups);
+          views.view(res).copy_(r);
+        });
+    return out;
+  }
   at::Tensor out;
   run_sync(device.index(), [&] {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -69,21 +118,41 @@ convolution_backward_overrideable(
   if (output_mask[2]) {
     bias_sizes.push_back(transposed ? weight.size(1) * groups : weight.size(0));
   }
-  at::Tensor gi, gw, gb;
-  run_sync(device.index(), [&] {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    KernelViews views;
-    std::tie(gi, gw, gb) = at::convolution_backward(
-        views.view(grad_output), views.view(input), views.view(weight),
-        output_mask[2] ? std::optional<c10::IntArrayRef>(bias_sizes)
-                       : std::nullopt,
-        stride, padding, dilation, transposed, output_padding, groups,
-        output_mask);
-  });
-  auto to_device = [&](const at::Tensor& t) {
-    return t.defined() ? copy_to_device(t, device) : t;
+  // Gradient shapes are those of input, weight and bias: queued.
+  at::Tensor gi =
+      output_mask[0] ? at::empty(input.sizes(), input.options()) : at::Tensor();
+  at::Tensor gw = output_mask[1] ? at::empty(weight.sizes(), weight.options())
+                                 : at::Tensor();
+  at::Tensor gb =
+      output_mask[2] ? at::empty(bias_sizes, weight.options()) : at::Tensor();
+  auto borrow = [](const at::Tensor& t) {
+    return t.defined() ? borrowed_alias(t) : t;
   };
-  return {to_device(gi), to_device(gw), to_device(gb)};
+  std::vector<int64_t> s(stride.begin(), stride.end());
+  std::vector<int64_t> p(padding.begin(), padding.end());
+  std::vector<int64_t> d(dilation.begin(), dilation.end());
+  std::vector<int64_t> op(output_padding.begin(), output_padding.end());
+  launch_async(
+      device.index(), "aten::convolution_backward_overrideable",
+      [go = borrowed_alias(grad_output), in = borrowed_alias(input),
+       w = borrowed_alias(weight), ogi = borrow(gi), ogw = borrow(gw),
+       ogb = borrow(gb), bias_sizes, s, p, d, transposed, op, groups,
+       output_mask]() {
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        KernelViews views;
+        auto [rgi, rgw, rgb] = at::convolution_backward(
+            views.view(go), views.view(in), views.view(w),
+            output_mask[2] ? std::optional<c10::IntArrayRef>(bias_sizes)
+                           : std::nullopt,
+            s, p, d, transposed, op, groups, output_mask);
+        for (auto [out, r] : {std::pair{&ogi, &rgi}, std::pair{&ogw, &rgw},
+                              std::pair{&ogb, &rgb}}) {
+          if (out->defined()) {
+            views.view(*out).copy_(*r);
+          }
+        }
+      });
+  return {gi, gw, gb};
 }
 
 at::Tensor add_bias(at::Tensor gates, const std::optional<at::Tensor>& bias) {
