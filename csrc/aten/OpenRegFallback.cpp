@@ -342,12 +342,10 @@ bool try_fallback_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
           if (is_openreg(t)) {
             return borrowed_alias(t);
           }
-          at::Tensor snapshot = t.clone();
           if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
-            // A Python number stays a "wrapped number" for type promotion.
-            snapshot.unsafeGetTensorImpl()->set_wrapped_number(true);
+            return t;  // a Python number, made for this call
           }
-          return snapshot;
+          return t.clone();
         }));
   }
   std::string name = schema.name();
@@ -712,11 +710,10 @@ bool try_fallback_async_meta(const c10::OperatorHandle& op,
           if (is_openreg(t)) {
             return borrowed_alias(t);
           }
-          at::Tensor snapshot = t.clone();
           if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
-            snapshot.unsafeGetTensorImpl()->set_wrapped_number(true);
+            return t;  // a Python number, made for this call
           }
-          return snapshot;
+          return t.clone();
         }));
   }
   std::string name = schema.name();
