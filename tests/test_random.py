@@ -314,3 +314,15 @@ def test_set_rng_state_default_device_does_not_initialise(py, tmp_path):
 def test_set_rng_state_rejects_other_device_types():
     with pytest.raises(ValueError, match="openreg"):
         torch.openreg.set_rng_state(torch.openreg.get_rng_state(), "cpu")
+
+
+def test_openreg_seed_alone_governs_dropout():
+    x = torch.ones(4096, device="openreg")
+    torch.openreg.manual_seed(7)
+    a = torch.nn.functional.dropout(x, 0.5)
+    torch.manual_seed(123)  # the CPU generator must not matter
+    torch.openreg.manual_seed(7)
+    b = torch.nn.functional.dropout(x, 0.5)
+    assert torch.equal(a.cpu(), b.cpu())
+    assert set(a.cpu().unique().tolist()) == {0.0, 2.0}
+    assert 1500 < int((a.cpu() == 0).sum()) < 2600
