@@ -21,7 +21,7 @@ export OPENREG_BUILD_DIR := $(abspath $(BUILD_DIR))
 
 CPP_SOURCES := $(shell find runtime csrc -name '*.cpp' -o -name '*.h')
 
-.PHONY: all setup build demo test test-runtime test-python bench format lint clean
+.PHONY: all setup build demo test test-runtime test-runtime-asan test-python bench format lint clean
 
 all: build
 
@@ -43,13 +43,23 @@ build: setup
 demo: build
 	$(PY) examples/train_demo.py
 
-test-runtime: build
-	$(VENV)/bin/ctest --test-dir $(BUILD_DIR) --output-on-failure
+# The runtime and its gtests build on their own (no torch), so sanitizer
+# builds of them never replace the Python extension.
+test-runtime: setup
+	PATH=$(abspath $(VENV))/bin:$$PATH cmake -S . -B $(BUILD_DIR)-runtime -G Ninja \
+	    -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DOPENREG_BUILD_PYTHON=OFF \
+	    -DOPENREG_SANITIZE=$(SANITIZE) > /dev/null
+	PATH=$(abspath $(VENV))/bin:$$PATH cmake --build $(BUILD_DIR)-runtime
+	$(VENV)/bin/ctest --test-dir $(BUILD_DIR)-runtime --output-on-failure
 
 test-python: build
 	$(PY) -m pytest -q tests
 
 test: test-runtime test-python
+
+# The runtime gtests under AddressSanitizer and UndefinedBehaviorSanitizer.
+test-runtime-asan:
+	$(MAKE) test-runtime SANITIZE=address,undefined BUILD_TYPE=Debug
 
 bench: build
 	$(PY) benchmarks/bench.py
