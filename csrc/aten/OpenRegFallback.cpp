@@ -610,8 +610,15 @@ std::shared_ptr<const MetaEntry> compute_meta(const c10::OperatorHandle& op,
   return entry;
 }
 
+// A signature whose meta description awaits comparison with a CPU run.
+struct PendingVerification {
+  std::string key;
+  std::shared_ptr<const MetaEntry> entry;
+};
+
 bool try_fallback_async_meta(const c10::OperatorHandle& op,
-                             torch::jit::Stack* stack, c10::Device device) {
+                             torch::jit::Stack* stack, c10::Device device,
+                             PendingVerification* verify) {
   const c10::FunctionSchema& schema = op.schema();
   if (meta_differs_from_cpu(schema.operator_name())) {
     return false;
@@ -659,8 +666,17 @@ bool try_fallback_async_meta(const c10::OperatorHandle& op,
   }
   std::shared_ptr<const MetaEntry> entry = meta_cache().find(key);
   if (entry == nullptr) {
-    entry = compute_meta(op, *stack, first);
-    meta_cache().insert(key, entry);
+    // First call of this signature: run it synchronously, and trust the meta
+    // kernel's description only if the CPU kernel's results agree with it
+    // (some differ, e.g. half-precision layer norm keeps float statistics).
+    std::shared_ptr<const MetaEntry> candidate =
+        compute_meta(op, *stack, first);
+    if (!candidate->ok) {
+      meta_cache().insert(key, candidate);
+    } else if (verify != nullptr) {
+      *verify = {std::move(key), std::move(candidate)};
+    }
+    return false;
   }
   if (!entry->ok) {
     return false;
@@ -773,6 +789,45 @@ bool try_fallback_async_meta(const c10::OperatorHandle& op,
   return true;
 }
 
+// Compares the results of a synchronous run with the meta description and
+// caches the verdict: the signature runs asynchronously from now on only if
+// every result matched in shape and dtype.
+void verify_meta_entry(PendingVerification verify,
+                       const torch::jit::Stack& stack, size_t ret_first) {
+  bool agrees = true;
+  auto same = [](const at::Tensor& t, const OutSpec& spec, size_t i) {
+    return t.defined() && t.sizes() == c10::IntArrayRef(spec.sizes[i]) &&
+           t.scalar_type() == c10::typeMetaToScalarType(spec.dtypes[i].dtype());
+  };
+  const auto& outs = verify.entry->outs;
+  for (size_t r = 0; r < outs.size() && agrees; ++r) {
+    const c10::IValue& v = stack[ret_first + r];
+    switch (outs[r].kind) {
+      case OutSpec::kWritten:
+        break;
+      case OutSpec::kNew:
+        agrees = v.isTensor() && same(v.toTensor(), outs[r], 0);
+        break;
+      case OutSpec::kNewList: {
+        agrees =
+            v.isTensorList() && v.toTensorList().size() == outs[r].sizes.size();
+        for (size_t i = 0; agrees && i < outs[r].sizes.size(); ++i) {
+          agrees = same(v.toTensorList()[i], outs[r], i);
+        }
+        break;
+      }
+      case OutSpec::kNone:
+        agrees = v.isNone() || (v.isTensor() && !v.toTensor().defined());
+        break;
+    }
+  }
+  if (agrees) {
+    meta_cache().insert(verify.key, std::move(verify.entry));
+  } else {
+    meta_cache().insert(verify.key, std::make_shared<const MetaEntry>());
+  }
+}
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const auto& arg_schema = schema.arguments();
@@ -787,8 +842,10 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       "it has no CPU kernel either.");
   const c10::Device device = find_device(op, args);
   const c10::DeviceGuard guard(device);
-  if (!launch_blocking() && (try_fallback_async(op, stack, device) ||
-                             try_fallback_async_meta(op, stack, device))) {
+  PendingVerification verify;
+  if (!launch_blocking() &&
+      (try_fallback_async(op, stack, device) ||
+       try_fallback_async_meta(op, stack, device, &verify))) {
     return;
   }
 
@@ -870,6 +927,9 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       continue;
     }
     v = map_tensors(v, convert);
+  }
+  if (verify.entry != nullptr) {
+    verify_meta_entry(std::move(verify), *stack, ret_first);
   }
 }
 

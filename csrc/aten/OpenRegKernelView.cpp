@@ -2,6 +2,7 @@
 
 #include <ATen/ops/contiguous.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
@@ -87,6 +88,10 @@ at::Tensor kernel_view(const at::Tensor& t, bool resizable) {
 }
 
 at::Tensor copy_to_device(const at::Tensor& cpu, c10::Device device) {
+  if (cpu._is_zerotensor()) {
+    // An autograd "efficient zero" tensor has no memory: make real zeros.
+    return at::zeros(cpu.sizes(), cpu.options().device(device));
+  }
   at::Tensor src = cpu.is_non_overlapping_and_dense() ? cpu : cpu.contiguous();
   at::Tensor out = at::empty_strided(src.sizes(), src.strides(),
                                      src.options().device(device));

@@ -1,0 +1,1 @@
+"""OpInfo differential harness (see README.md)."""
