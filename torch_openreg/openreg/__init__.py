@@ -16,6 +16,13 @@ import torch
 from torch_openreg import _C
 
 from . import sanitizer
+from .amp import (
+    get_amp_supported_dtype,
+    get_autocast_dtype,
+    is_autocast_enabled,
+    set_autocast_dtype,
+    set_autocast_enabled,
+)
 from .memory import (
     empty_cache,
     get_per_process_memory_fraction,
@@ -56,6 +63,11 @@ from .streams import (
 )
 
 __all__ = [
+    "get_amp_supported_dtype",
+    "get_autocast_dtype",
+    "is_autocast_enabled",
+    "set_autocast_dtype",
+    "set_autocast_enabled",
     "sanitizer",
     "Event",
     "Stream",

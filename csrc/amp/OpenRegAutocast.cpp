@@ -1,0 +1,52 @@
+// Autocast for openreg: the AutocastPrivateUse1 dispatch key with CUDA's
+// policy lists (PyTorch's shared AT_FORALL_* lists), so
+// torch.autocast("openreg", dtype=torch.float16 / torch.bfloat16) casts
+// exactly the ops CUDA casts:
+//  - lower_precision_fp: matmul/conv family run in the autocast dtype;
+//  - fp32: ops that need range or precision run in float32;
+//  - fp32_set_opt_dtype / fp32_append_dtype: reductions get dtype=float32;
+//  - promote: mixed-dtype ops run in the widest input dtype.
+// Every other op falls through to the next dispatch key unchanged.
+#include <ATen/autocast_mode.h>
+#include <torch/library.h>
+
+namespace openreg {
+
+namespace {
+
+// PyTorch's signature lists name these types unqualified.
+using at::IntArrayRef;
+using at::Scalar;
+using at::ScalarType;
+using at::Tensor;
+
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+#define OPENREG_LOWER_PRECISION_FP(...) \
+  KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+  AT_FORALL_LOWER_PRECISION_FP(OPENREG_LOWER_PRECISION_FP)
+#undef OPENREG_LOWER_PRECISION_FP
+
+#define OPENREG_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+  AT_FORALL_FP32(OPENREG_FP32)
+#undef OPENREG_FP32
+
+#define OPENREG_FP32_SET_OPT_DTYPE(...) \
+  KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+  AT_FORALL_FP32_SET_OPT_DTYPE(OPENREG_FP32_SET_OPT_DTYPE)
+#undef OPENREG_FP32_SET_OPT_DTYPE
+
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(
+      KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+
+#define OPENREG_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+  AT_FORALL_PROMOTE(OPENREG_PROMOTE)
+#undef OPENREG_PROMOTE
+}
+
+}  // namespace
+
+}  // namespace openreg
