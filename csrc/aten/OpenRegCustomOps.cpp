@@ -1,0 +1,90 @@
+// A custom operator with its own schema, as a vendor would add one:
+//   openreg::scaled_abs(Tensor x, float scale) -> Tensor   (= scale * |x|)
+// with a CPU kernel, an openreg kernel (queued on the stream, running on the
+// kernel view), a Meta kernel (shapes only: serves torch.compile's fake
+// tensors), and an autograd formula registered once for every backend.
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/abs.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/sgn.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "aten/OpenRegKernelView.h"
+
+namespace openreg {
+
+namespace {
+
+at::Tensor scaled_abs_cpu(const at::Tensor& x, double scale) {
+  return at::abs(x).mul_(scale);
+}
+
+at::Tensor scaled_abs_openreg(const at::Tensor& x, double scale) {
+  at::Tensor out = at::empty_like(x);
+  launch_async(x.device().index(), "openreg::scaled_abs",
+               [in = borrowed_alias(x), res = borrowed_alias(out), scale] {
+                 KernelViews views;
+                 at::Tensor dst = views.view(res);
+                 at::abs_out(dst, views.view(in));
+                 dst.mul_(scale);
+               });
+  return out;
+}
+
+at::Tensor scaled_abs_meta(const at::Tensor& x, double /*scale*/) {
+  return at::empty_like(x);
+}
+
+// d/dx scale * |x| = scale * sgn(x)
+class ScaledAbs : public torch::autograd::Function<ScaledAbs> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx,
+                            const at::Tensor& x, double scale) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["scale"] = scale;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("openreg::scaled_abs", "")
+                         .typed<at::Tensor(const at::Tensor&, double)>();
+    return op.call(x, scale);
+  }
+
+  static torch::autograd::tensor_list backward(
+      torch::autograd::AutogradContext* ctx,
+      torch::autograd::tensor_list grads) {
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    return {grads[0] * at::sgn(x) * scale, at::Tensor()};
+  }
+};
+
+at::Tensor scaled_abs_autograd(const at::Tensor& x, double scale) {
+  return ScaledAbs::apply(x, scale);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(openreg, m) {
+  m.def("scaled_abs(Tensor x, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(openreg, CPU, m) {
+  m.impl("scaled_abs", TORCH_FN(scaled_abs_cpu));
+}
+
+TORCH_LIBRARY_IMPL(openreg, PrivateUse1, m) {
+  m.impl("scaled_abs", TORCH_FN(scaled_abs_openreg));
+}
+
+TORCH_LIBRARY_IMPL(openreg, Meta, m) {
+  m.impl("scaled_abs", TORCH_FN(scaled_abs_meta));
+}
+
+TORCH_LIBRARY_IMPL(openreg, Autograd, m) {
+  m.impl("scaled_abs", TORCH_FN(scaled_abs_autograd));
+}
+
+}  // namespace openreg
