@@ -124,6 +124,8 @@ def sample(model, prompt, vocab, context, length, device, gen, temperature=0.8) 
 
 
 def main() -> int:
+    # The CPU fallback names each operator it serves once; not news here.
+    torch.openreg.set_fallback_warnings(False)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
     parser.add_argument("--device", default="openreg", help="device to train on")

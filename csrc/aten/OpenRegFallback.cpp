@@ -22,9 +22,13 @@
 #include <ATen/ops/contiguous.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/flat_hash_map.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <string_view>
 #include <unordered_map>
@@ -828,6 +832,57 @@ void verify_meta_entry(PendingVerification verify,
   }
 }
 
+// Which operators have run through the fallback, and the once-per-operator
+// warning about it (OPENREG_FALLBACK_WARNINGS=0 or
+// torch.openreg.set_fallback_warnings(False) silences it).
+class FallbackLog {
+ public:
+  void note(const c10::OperatorHandle& op) {
+    // Fast path without a lock: this thread has seen the operator already.
+    thread_local ska::flat_hash_set<const void*> seen_here;
+    const void* key = &op.schema();
+    if (!seen_here.insert(key).second) {
+      return;
+    }
+    std::string name = op.schema().name();
+    if (!op.schema().overload_name().empty()) {
+      name += "." + op.schema().overload_name();
+    }
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      first = names_.insert(name).second;
+    }
+    if (first && warn_.load()) {
+      TORCH_WARN("openreg: ", name,
+                 " has no openreg kernel; it runs PyTorch's CPU kernel on the "
+                 "device memory (the CPU fallback). Silence this with "
+                 "torch.openreg.set_fallback_warnings(False) or "
+                 "OPENREG_FALLBACK_WARNINGS=0.");
+    }
+  }
+
+  std::vector<std::string> names() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {names_.begin(), names_.end()};
+  }
+
+  void set_warnings(bool enabled) { warn_.store(enabled); }
+
+ private:
+  std::mutex mutex_;  // guards names_
+  std::set<std::string> names_;
+  std::atomic<bool> warn_{[] {
+    const char* env = std::getenv("OPENREG_FALLBACK_WARNINGS");
+    return env == nullptr || std::string(env) != "0";
+  }()};
+};
+
+FallbackLog& fallback_log() {
+  static auto* log = new FallbackLog();  // leaked: used until exit
+  return *log;
+}
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const auto& arg_schema = schema.arguments();
@@ -842,6 +897,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       "it has no CPU kernel either.");
   const c10::Device device = find_device(op, args);
   const c10::DeviceGuard guard(device);
+  fallback_log().note(op);
   PendingVerification verify;
   if (!launch_blocking() &&
       (try_fallback_async(op, stack, device) ||
@@ -934,6 +990,12 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 }  // namespace
+
+std::vector<std::string> fallback_ops() { return fallback_log().names(); }
+
+void set_fallback_warnings(bool enabled) {
+  fallback_log().set_warnings(enabled);
+}
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());

@@ -80,6 +80,11 @@ void run_sync(c10::DeviceIndex device, F&& kernel) {
   std::forward<F>(kernel)();
 }
 
+// The operators that have run through the CPU fallback so far, and the
+// switch for its once-per-operator warning (OpenRegFallback.cpp).
+std::vector<std::string> fallback_ops();
+void set_fallback_warnings(bool enabled);
+
 // True when OPENREG_LAUNCH_BLOCKING=1.
 bool launch_blocking();
 

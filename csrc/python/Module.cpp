@@ -7,6 +7,7 @@
 
 #include <sstream>
 
+#include "aten/OpenRegKernelView.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegStream.h"
@@ -168,6 +169,8 @@ PYBIND11_MODULE(_C, m) {
       "_default_stream_id",
       [](c10::DeviceIndex device) { return getDefaultStream(device).id(); },
       py::arg("device"));
+  m.def("_fallback_ops", &fallback_ops);
+  m.def("_set_fallback_warnings", &set_fallback_warnings, py::arg("enabled"));
   m.def("_set_sync_trace", &set_trace_callback, py::arg("callback"));
   m.def("_set_memory_fraction", &set_memory_fraction, py::arg("fraction"),
         py::arg("device"));

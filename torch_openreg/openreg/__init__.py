@@ -63,6 +63,8 @@ from .streams import (
 )
 
 __all__ = [
+    "fallback_ops",
+    "set_fallback_warnings",
     "get_amp_supported_dtype",
     "get_autocast_dtype",
     "is_autocast_enabled",
@@ -123,6 +125,17 @@ _queued_calls: list[tuple[Callable[[], None], list[str]]] = []
 
 class DeferredOpenRegCallError(Exception):
     """A call queued before initialisation (e.g. manual_seed) failed."""
+
+
+def fallback_ops() -> list[str]:
+    """Operators that have run through the CPU fallback in this process."""
+    return list(_C._fallback_ops())
+
+
+def set_fallback_warnings(enabled: bool) -> None:
+    """Turns the once-per-operator fallback warning on or off
+    (``OPENREG_FALLBACK_WARNINGS=0`` turns it off at start)."""
+    _C._set_fallback_warnings(bool(enabled))
 
 
 def _is_in_bad_fork() -> bool:
