@@ -158,6 +158,48 @@ def host_overlap() -> dict:
     return {"device_s": device_s, "host_s": host_s, "both_s": both_s}
 
 
+def conv2d(dev):
+    torch.manual_seed(0)
+    x = torch.randn(1, 64, 56, 56).to(dev)
+    w = torch.randn(64, 64, 3, 3).to(dev)
+    return lambda: torch.nn.functional.conv2d(x, w, padding=1)
+
+
+def _train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def cnn_step(dev):
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 8 * 8, 10),
+    ).to(dev)
+    x, y = torch.randn(32, 3, 32, 32).to(dev), torch.randint(10, (32,)).to(dev)
+    return _train_step(model, x, y)
+
+
+def transformer_step(dev):
+    torch.manual_seed(0)
+    block = nn.TransformerEncoderLayer(128, 4, 256, dropout=0.0, batch_first=True)
+    model = nn.Sequential(block, nn.Flatten(), nn.Linear(64 * 128, 10)).to(dev)
+    x, y = torch.randn(16, 64, 128).to(dev), torch.randint(10, (16,)).to(dev)
+    return _train_step(model, x, y)
+
+
 def empty(dev):
     return lambda: torch.empty(1024, device=dev)
 
@@ -180,6 +222,9 @@ CASES = [
     ("16M-float add a+b", big_add, 5, (25, 5), 1.05, True),
     ("1024x1024 matmul", matmul, 10, (25, 5), 1.05, True),
     ("MLP training step", mlp_step, 5, (25, 5), 1.05, True),
+    ("conv2d 64ch 56x56", conv2d, 5, (25, 5), 1.05, True),
+    ("small CNN training step", cnn_step, 3, (15, 5), 1.05, True),
+    ("transformer block training step", transformer_step, 3, (15, 5), 1.05, True),
     ("torch.empty(1024)", empty, 5000, (25, 5), 1.2, True),
     ("64 MB pinned H2D copy (bandwidth)", copy_64mb, 5, (25, 5), 0.9, False),
 ]
