@@ -229,6 +229,78 @@ bool meta_differs_from_cpu(const c10::OperatorName& name) {
   return false;
 }
 
+// The operator's name for messages ("aten::add.out").
+std::string op_name(const c10::FunctionSchema& schema) {
+  std::string name = schema.name();
+  if (!schema.overload_name().empty()) {
+    name += "." + schema.overload_name();
+  }
+  return name;
+}
+
+// What an asynchronous kernel captures of its arguments: non-owning handles
+// over device memory (a block freed on the host is reused only in stream
+// order, as on CUDA; no Python objects reach the worker) and snapshots of
+// CPU tensors (the host may change them before the kernel runs). Python
+// numbers are made for the call and need no snapshot.
+std::vector<c10::IValue> capture_arguments(const torch::jit::Stack& stack,
+                                           size_t first, size_t num_args) {
+  std::vector<c10::IValue> captured;
+  captured.reserve(num_args);
+  for (size_t i = 0; i < num_args; ++i) {
+    captured.push_back(map_tensors(stack[first + i], [](const at::Tensor& t) {
+      if (!t.defined()) {
+        return t;
+      }
+      if (is_openreg(t)) {
+        return borrowed_alias(t);
+      }
+      if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+        return t;
+      }
+      return t.clone();
+    }));
+  }
+  return captured;
+}
+
+// The body of an asynchronous fallback kernel: the CPU kernel over kernel
+// views of the captured arguments. Returns the kernel's results; fails if
+// the kernel changed the shape of an argument it writes (device tensors are
+// never resized asynchronously).
+torch::jit::Stack run_cpu_kernel(const c10::OperatorHandle& op,
+                                 const std::vector<c10::IValue>& captured,
+                                 KernelViews& views) {
+  torch::jit::Stack stack;
+  stack.reserve(captured.size());
+  std::vector<std::pair<at::Tensor, at::Tensor>> written;
+  const auto& args = op.schema().arguments();
+  for (size_t i = 0; i < captured.size(); ++i) {
+    const c10::AliasInfo* a = args[i].alias_info();
+    const bool writes = a != nullptr && a->isWrite() && captured[i].isTensor();
+    stack.push_back(map_tensors(captured[i], [&](const at::Tensor& t) {
+      if (!is_openreg(t)) {
+        return t;
+      }
+      at::Tensor view = views.view(t);
+      if (writes) {
+        written.emplace_back(t, view);
+      }
+      return view;
+    }));
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+  for (const auto& [dev, view] : written) {
+    TORCH_CHECK(dev.sizes() == view.sizes() && dev.strides() == view.strides(),
+                "the out= argument of shape ", dev.sizes(),
+                " would have to be resized to ", view.sizes(),
+                "; asynchronous kernels cannot resize device tensors: pass "
+                "an output of the right shape, or an empty one");
+  }
+  return stack;
+}
+
 // The asynchronous path, for in-place and out= operators (every result is
 // an argument it writes): the host knows all output metadata already, so the
 // CPU kernel can run later on the stream. Functional operators reach it too:
@@ -333,65 +405,13 @@ bool try_fallback_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     }
   }
 
-  std::vector<c10::IValue> captured;
-  captured.reserve(num_args);
-  for (size_t i = 0; i < num_args; ++i) {
-    captured.push_back(
-        map_tensors((*stack)[first + i], [](const at::Tensor& t) {
-          if (!t.defined()) {
-            return t;
-          }
-          // CPU tensors (scalars, indices) are snapshots: the host may change
-          // them before the kernel runs.
-          if (is_openreg(t)) {
-            return borrowed_alias(t);
-          }
-          if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
-            return t;  // a Python number, made for this call
-          }
-          return t.clone();
-        }));
-  }
-  std::string name = schema.name();
-  if (!schema.overload_name().empty()) {
-    name += "." + schema.overload_name();
-  }
-  launch_async(
-      device.index(), std::move(name), [op, captured = std::move(captured)]() {
-        KernelViews views;
-        torch::jit::Stack kernel_stack;
-        kernel_stack.reserve(captured.size());
-        std::vector<std::pair<at::Tensor, at::Tensor>> written;
-        const auto& args = op.schema().arguments();
-        for (size_t i = 0; i < captured.size(); ++i) {
-          const c10::AliasInfo* a = args[i].alias_info();
-          const bool writes =
-              a != nullptr && a->isWrite() && captured[i].isTensor();
-          kernel_stack.push_back(
-              map_tensors(captured[i], [&](const at::Tensor& t) {
-                if (!is_openreg(t)) {
-                  return t;
-                }
-                at::Tensor view = views.view(t);
-                if (writes) {
-                  written.emplace_back(t, view);
-                }
-                return view;
-              }));
-        }
-        at::AutoDispatchBelowADInplaceOrView below_autograd;
-        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU),
-                           &kernel_stack);
-        for (const auto& [dev, view] : written) {
-          TORCH_CHECK(
-              dev.sizes() == view.sizes() && dev.strides() == view.strides(),
-              "the out= argument of shape ", dev.sizes(),
-              " would have to be resized to ", view.sizes(),
-              "; asynchronous kernels cannot resize device "
-              "tensors: pass an output of the right shape, "
-              "or an empty one");
-        }
-      });
+  std::vector<c10::IValue> captured =
+      capture_arguments(*stack, first, num_args);
+  launch_async(device.index(), op_name(schema),
+               [op, captured = std::move(captured)]() {
+                 KernelViews views;
+                 run_cpu_kernel(op, captured, views);
+               });
 
   std::vector<c10::IValue> results;
   for (size_t r = 0; r < schema.returns().size(); ++r) {
@@ -719,60 +739,14 @@ bool try_fallback_async_meta(const c10::OperatorHandle& op,
     }
   }
 
-  std::vector<c10::IValue> captured;
-  captured.reserve(num_args);
-  for (size_t i = 0; i < num_args; ++i) {
-    captured.push_back(
-        map_tensors((*stack)[first + i], [](const at::Tensor& t) {
-          if (!t.defined()) {
-            return t;
-          }
-          if (is_openreg(t)) {
-            return borrowed_alias(t);
-          }
-          if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
-            return t;  // a Python number, made for this call
-          }
-          return t.clone();
-        }));
-  }
-  std::string name = schema.name();
-  if (!schema.overload_name().empty()) {
-    name += "." + schema.overload_name();
-  }
+  std::vector<c10::IValue> captured =
+      capture_arguments(*stack, first, num_args);
   launch_async(
-      device.index(), std::move(name),
+      device.index(), op_name(schema),
       [op, captured = std::move(captured),
        new_outputs = std::move(new_outputs)]() {
         KernelViews views;
-        torch::jit::Stack kernel_stack;
-        kernel_stack.reserve(captured.size());
-        std::vector<std::pair<at::Tensor, at::Tensor>> written;
-        const auto& args = op.schema().arguments();
-        for (size_t i = 0; i < captured.size(); ++i) {
-          const c10::AliasInfo* a = args[i].alias_info();
-          const bool writes =
-              a != nullptr && a->isWrite() && captured[i].isTensor();
-          kernel_stack.push_back(
-              map_tensors(captured[i], [&](const at::Tensor& t) {
-                if (!is_openreg(t)) {
-                  return t;
-                }
-                at::Tensor view = views.view(t);
-                if (writes) {
-                  written.emplace_back(t, view);
-                }
-                return view;
-              }));
-        }
-        at::AutoDispatchBelowADInplaceOrView below_autograd;
-        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU),
-                           &kernel_stack);
-        for (const auto& [dev, view] : written) {
-          TORCH_CHECK(dev.sizes() == view.sizes(),
-                      "the out= argument of shape ", dev.sizes(),
-                      " would have to be resized to ", view.sizes());
-        }
+        torch::jit::Stack kernel_stack = run_cpu_kernel(op, captured, views);
         for (const auto& [where, out] : new_outputs) {
           const c10::IValue& v = kernel_stack[where.first];
           at::Tensor result =
@@ -844,10 +818,7 @@ class FallbackLog {
     if (!seen_here.insert(key).second) {
       return;
     }
-    std::string name = op.schema().name();
-    if (!op.schema().overload_name().empty()) {
-      name += "." + op.schema().overload_name();
-    }
+    const std::string name = op_name(op.schema());
     bool first = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
