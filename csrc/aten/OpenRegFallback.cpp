@@ -301,23 +301,14 @@ torch::jit::Stack run_cpu_kernel(const c10::OperatorHandle& op,
   return stack;
 }
 
-// The asynchronous path, for in-place and out= operators (every result is
-// an argument it writes): the host knows all output metadata already, so the
-// CPU kernel can run later on the stream. Functional operators reach it too:
-// PyTorch's generic kernels for structured ops allocate the output on the
-// device and call the out= variant. Returns false (having changed nothing)
-// for the synchronous path: results the host must see (new tensors, scalars),
-// random ops (generator state must be read in program order), output_mask
-// ops, outputs that are empty (to be resized) or overlap an input partially
-// (the CPU raises; the synchronous path raises the same error).
-//
-// The kernel captures non-owning handles: a block freed on the host goes
-// back to the caching allocator at once and is reused on the same stream
-// only after this kernel (stream order), as CUDA's allocator does; use on
-// another stream needs Tensor.record_stream, as on CUDA.
-bool try_fallback_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                        c10::Device device) {
-  const c10::FunctionSchema& schema = op.schema();
+// What both asynchronous paths require: no generator (random draws happen
+// in program order), no output_mask (only the CPU run knows which results
+// exist), no Device arguments, and every written tensor a non-empty device
+// tensor (an empty one is to be resized) that overlaps neither itself nor,
+// partially, any input (the CPU raises there; the synchronous path raises
+// the same error). Sets *any_written if some tensor is written.
+bool can_run_async(const c10::FunctionSchema& schema,
+                   const torch::jit::Stack& stack, bool* any_written) {
   const auto& arg_schema = schema.arguments();
   const size_t num_args = arg_schema.size();
   for (const c10::Argument& a : arg_schema) {
@@ -325,15 +316,10 @@ bool try_fallback_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       return false;
     }
   }
-  for (size_t r = 0; r < schema.returns().size(); ++r) {
-    if (written_argument(schema, r) < 0) {
-      return false;
-    }
-  }
-  const size_t first = stack->size() - num_args;
-  bool any_written = false;
+  const size_t first = stack.size() - num_args;
+  *any_written = false;
   for (size_t i = 0; i < num_args; ++i) {
-    const c10::IValue& v = (*stack)[first + i];
+    const c10::IValue& v = stack[first + i];
     if (v.isDevice()) {
       return false;
     }
@@ -346,10 +332,10 @@ bool try_fallback_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
         at::has_internal_overlap(w) == at::MemOverlap::Yes) {
       return false;
     }
-    any_written = true;
+    *any_written = true;
     for (size_t j = 0; j < num_args; ++j) {
       bool partial = false;
-      for_each_tensor((*stack)[first + j], [&](const at::Tensor& t) {
+      for_each_tensor(stack[first + j], [&](const at::Tensor& t) {
         partial = partial || (t.defined() && is_openreg(t) &&
                               at::get_overlap_status(w, t) ==
                                   at::MemOverlapStatus::Partial);
@@ -359,6 +345,32 @@ bool try_fallback_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       }
     }
   }
+  return true;
+}
+
+// The asynchronous path, for in-place and out= operators (every result is
+// an argument it writes): the host knows all output metadata already, so the
+// CPU kernel can run later on the stream. Functional operators reach it too:
+// PyTorch's generic kernels for structured ops allocate the output on the
+// device and call the out= variant. Called only when can_run_async() holds;
+// returns false (having changed nothing) when a result is not a written
+// argument (new tensors, scalars), for the meta path or the synchronous one.
+//
+// The kernel captures non-owning handles: a block freed on the host goes
+// back to the caching allocator at once and is reused on the same stream
+// only after this kernel (stream order), as CUDA's allocator does; use on
+// another stream needs Tensor.record_stream, as on CUDA.
+bool try_fallback_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                        c10::Device device, bool any_written) {
+  const c10::FunctionSchema& schema = op.schema();
+  const auto& arg_schema = schema.arguments();
+  const size_t num_args = arg_schema.size();
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
+    if (written_argument(schema, r) < 0) {
+      return false;
+    }
+  }
+  const size_t first = stack->size() - num_args;
   if (!any_written && !schema.returns().empty()) {
     return false;
   }
@@ -647,40 +659,8 @@ bool try_fallback_async_meta(const c10::OperatorHandle& op,
   if (meta_differs_from_cpu(schema.operator_name())) {
     return false;
   }
-  const auto& arg_schema = schema.arguments();
-  const size_t num_args = arg_schema.size();
-  for (const c10::Argument& a : arg_schema) {
-    if (is_generator_arg(a) || a.name() == "output_mask") {
-      return false;
-    }
-  }
+  const size_t num_args = schema.arguments().size();
   const size_t first = stack->size() - num_args;
-  for (size_t i = 0; i < num_args; ++i) {
-    const c10::IValue& v = (*stack)[first + i];
-    if (v.isDevice()) {
-      return false;
-    }
-    const c10::AliasInfo* a = arg_schema[i].alias_info();
-    if (a == nullptr || !a->isWrite() || !v.isTensor()) {
-      continue;
-    }
-    const at::Tensor& w = v.toTensor();
-    if (!is_openreg(w) || w.numel() == 0 ||
-        at::has_internal_overlap(w) == at::MemOverlap::Yes) {
-      return false;
-    }
-    for (size_t j = 0; j < num_args; ++j) {
-      bool partial = false;
-      for_each_tensor((*stack)[first + j], [&](const at::Tensor& t) {
-        partial = partial || (t.defined() && is_openreg(t) &&
-                              at::get_overlap_status(w, t) ==
-                                  at::MemOverlapStatus::Partial);
-      });
-      if (partial) {
-        return false;
-      }
-    }
-  }
   std::string key = schema.name();
   key += '.';
   key += schema.overload_name();
@@ -870,8 +850,9 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::DeviceGuard guard(device);
   fallback_log().note(op);
   PendingVerification verify;
-  if (!launch_blocking() &&
-      (try_fallback_async(op, stack, device) ||
+  bool any_written = false;
+  if (!launch_blocking() && can_run_async(schema, *stack, &any_written) &&
+      (try_fallback_async(op, stack, device, any_written) ||
        try_fallback_async_meta(op, stack, device, &verify))) {
     return;
   }
