@@ -15,106 +15,32 @@ import torch
 
 from torch_openreg import _C
 
-from . import sanitizer
-from .amp import (
-    get_amp_supported_dtype,
-    get_autocast_dtype,
-    is_autocast_enabled,
-    set_autocast_dtype,
-    set_autocast_enabled,
-)
-from .memory import (
-    empty_cache,
-    get_per_process_memory_fraction,
-    host_memory_stats,
-    max_memory_allocated,
-    max_memory_reserved,
-    mem_get_info,
-    memory_allocated,
-    memory_reserved,
-    memory_snapshot,
-    memory_stats,
-    memory_summary,
-    reset_accumulated_host_memory_stats,
-    reset_accumulated_memory_stats,
-    reset_peak_host_memory_stats,
-    reset_peak_memory_stats,
-    set_per_process_memory_fraction,
-)
-from .random import (
-    get_rng_state,
-    get_rng_state_all,
-    initial_seed,
-    manual_seed,
-    manual_seed_all,
-    seed,
-    seed_all,
-    set_rng_state,
-    set_rng_state_all,
-)
-from .streams import (
-    Event,
-    Stream,
-    StreamContext,
-    current_stream,
-    default_stream,
-    set_stream,
-    stream,
-)
+from . import amp, memory, random, sanitizer, streams
+from .amp import *  # noqa: F403  (each submodule's __all__ is its public API)
+from .memory import *  # noqa: F403
+from .random import *  # noqa: F403
+from .streams import *  # noqa: F403
 
 __all__ = [
-    "fallback_ops",
-    "set_fallback_warnings",
-    "get_amp_supported_dtype",
-    "get_autocast_dtype",
-    "is_autocast_enabled",
-    "set_autocast_dtype",
-    "set_autocast_enabled",
-    "sanitizer",
-    "Event",
-    "Stream",
-    "StreamContext",
-    "current_stream",
-    "default_stream",
-    "set_stream",
-    "stream",
     "current_device",
-    "empty_cache",
-    "get_per_process_memory_fraction",
-    "host_memory_stats",
-    "max_memory_allocated",
-    "max_memory_reserved",
-    "mem_get_info",
-    "memory_allocated",
-    "memory_reserved",
-    "memory_snapshot",
-    "memory_stats",
-    "memory_summary",
-    "reset_accumulated_host_memory_stats",
-    "reset_accumulated_memory_stats",
-    "reset_peak_host_memory_stats",
-    "reset_peak_memory_stats",
-    "set_per_process_memory_fraction",
     "device",
     "device_count",
     "device_of",
+    "fallback_ops",
     "get_device_capability",
     "get_device_name",
     "get_device_properties",
-    "get_rng_state",
-    "get_rng_state_all",
     "init",
-    "initial_seed",
     "is_available",
     "is_initialized",
-    "manual_seed",
-    "manual_seed_all",
-    "seed",
-    "seed_all",
+    "sanitizer",
     "set_device",
-    "set_rng_state",
-    "set_rng_state_all",
+    "set_fallback_warnings",
     "synchronize",
+    *amp.__all__,
+    *memory.__all__,
+    *random.__all__,
+    *streams.__all__,
 ]
 
 _initialized = False
