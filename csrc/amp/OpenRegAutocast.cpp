@@ -20,6 +20,7 @@ using at::Scalar;
 using at::ScalarType;
 using at::Tensor;
 
+// [doc:autocast-register]
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFallthrough());
 }
@@ -46,6 +47,7 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   AT_FORALL_PROMOTE(OPENREG_PROMOTE)
 #undef OPENREG_PROMOTE
 }
+// [/doc:autocast-register]
 
 }  // namespace
 

@@ -120,6 +120,7 @@ fused_attention_backward(
 
 }  // namespace openreg
 
+// [doc:sdpa-register]
 namespace at::native {
 REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub,
                               &openreg::fused_sdp_choice)
@@ -133,5 +134,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_scaled_dot_product_fused_attention_overrideable_backward",
          TORCH_FN(fused_attention_backward));
 }
+// [/doc:sdpa-register]
 
 }  // namespace openreg

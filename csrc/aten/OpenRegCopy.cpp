@@ -121,6 +121,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 
 }  // namespace
 
+// [doc:copy-register]
 // The copy handles conjugate and negative bits itself (a raw copy keeps them
 // only when both sides agree; otherwise PyTorch's CPU copy resolves them), so
 // the Conjugate/Negative fallbacks must not materialise them first: that
@@ -139,5 +140,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
 }
+// [/doc:copy-register]
 
 }  // namespace openreg

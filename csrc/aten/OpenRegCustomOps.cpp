@@ -22,6 +22,7 @@ at::Tensor scaled_abs_cpu(const at::Tensor& x, double scale) {
   return at::abs(x).mul_(scale);
 }
 
+// [doc:custom-op-kernel]
 at::Tensor scaled_abs_openreg(const at::Tensor& x, double scale) {
   at::Tensor out = at::empty_like(x);
   launch_async(x.device().index(), "openreg::scaled_abs",
@@ -33,11 +34,13 @@ at::Tensor scaled_abs_openreg(const at::Tensor& x, double scale) {
                });
   return out;
 }
+// [/doc:custom-op-kernel]
 
 at::Tensor scaled_abs_meta(const at::Tensor& x, double /*scale*/) {
   return at::empty_like(x);
 }
 
+// [doc:custom-op-autograd]
 // d/dx scale * |x| = scale * sgn(x)
 class ScaledAbs : public torch::autograd::Function<ScaledAbs> {
  public:
@@ -64,9 +67,11 @@ class ScaledAbs : public torch::autograd::Function<ScaledAbs> {
 at::Tensor scaled_abs_autograd(const at::Tensor& x, double scale) {
   return ScaledAbs::apply(x, scale);
 }
+// [/doc:custom-op-autograd]
 
 }  // namespace
 
+// [doc:custom-op-register]
 TORCH_LIBRARY(openreg, m) {
   m.def("scaled_abs(Tensor x, float scale) -> Tensor");
 }
@@ -86,5 +91,6 @@ TORCH_LIBRARY_IMPL(openreg, Meta, m) {
 TORCH_LIBRARY_IMPL(openreg, Autograd, m) {
   m.impl("scaled_abs", TORCH_FN(scaled_abs_autograd));
 }
+// [/doc:custom-op-register]
 
 }  // namespace openreg

@@ -834,6 +834,7 @@ FallbackLog& fallback_log() {
   return *log;
 }
 
+// [doc:fallback-dispatch]
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const auto& arg_schema = schema.arguments();
@@ -856,6 +857,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
        try_fallback_async_meta(op, stack, device, &verify))) {
     return;
   }
+  // [/doc:fallback-dispatch]
 
   // Keep the original arguments: in-place results return them.
   std::vector<c10::IValue> originals(args.begin(), args.end());
@@ -949,10 +951,13 @@ void set_fallback_warnings(bool enabled) {
   fallback_log().set_warnings(enabled);
 }
 
+// [doc:fallback-register]
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
 }
+// [/doc:fallback-register]
 
+// [doc:fallback-forced]
 // Functional ops whose generic (CompositeExplicitAutogradNonFunctional)
 // kernel would call the out= variant with a pre-shaped output that the CPU
 // kernel then resizes, warning about it. Sending the functional op itself to
@@ -966,5 +971,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&fallback>());
   }
 }
+// [/doc:fallback-forced]
 
 }  // namespace openreg

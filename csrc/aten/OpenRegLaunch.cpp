@@ -50,6 +50,7 @@ bool launch_blocking() {
   return blocking;
 }
 
+// [doc:launch-async]
 void launch_async(c10::DeviceIndex device, std::string op,
                   std::function<void()> kernel) {
   OpenRegStream stream = getCurrentStream(device);
@@ -66,5 +67,6 @@ void launch_async(c10::DeviceIndex device, std::string op,
     OPENREG_CHECK(err);
   }
 }
+// [/doc:launch-async]
 
 }  // namespace openreg

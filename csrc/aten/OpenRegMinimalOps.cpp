@@ -30,6 +30,7 @@ void check_factory_args(std::optional<c10::Layout> layout,
               "in device memory");
 }
 
+// [doc:empty]
 at::Tensor empty_memory_format(c10::IntArrayRef size,
                                std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout,
@@ -41,6 +42,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size,
   return at::detail::empty_generic(size, device_allocator(), kKeySet,
                                    c10::dtype_or_default(dtype), memory_format);
 }
+// [/doc:empty]
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::ScalarType> dtype,
@@ -105,6 +107,7 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage_offset(self, std::move(storage), 0, size, {});
 }
 
+// [doc:local-scalar-dense]
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(),
               " elements cannot be converted to Scalar");
@@ -118,6 +121,7 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   host._set_neg(self.is_neg());
   return at::native::_local_scalar_dense_cpu(host.resolve_conj().resolve_neg());
 }
+// [/doc:local-scalar-dense]
 
 // Tensor.record_stream: the caching allocator keeps the block from other
 // streams until `stream` has passed its use.
@@ -127,6 +131,7 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
 
 }  // namespace
 
+// [doc:minimal-ops-register]
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
@@ -141,5 +146,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("record_stream", TORCH_FN(record_stream));
 }
+// [/doc:minimal-ops-register]
 
 }  // namespace openreg

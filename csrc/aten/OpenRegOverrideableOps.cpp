@@ -220,6 +220,7 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input,
 
 }  // namespace
 
+// [doc:overrideable-register]
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_dropout", TORCH_FN(native_dropout));
   m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
@@ -231,5 +232,6 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("_thnn_fused_lstm_cell", TORCH_FN(fused_lstm_cell));
   m.impl("_thnn_fused_gru_cell", TORCH_FN(fused_gru_cell));
 }
+// [/doc:overrideable-register]
 
 }  // namespace openreg

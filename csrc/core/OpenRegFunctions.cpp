@@ -11,6 +11,7 @@ namespace openreg {
 
 namespace {
 
+// [doc:lazy-init]
 std::atomic<bool> g_initialized{false};
 std::atomic<bool> g_bad_fork{false};
 
@@ -41,7 +42,9 @@ void lazy_init() {
     g_initialized.store(true, std::memory_order_release);
   });
 }
+// [/doc:lazy-init]
 
+// [doc:device-count]
 c10::DeviceIndex device_count() noexcept {
   static const c10::DeviceIndex count = [] {
     int n = 0;
@@ -54,6 +57,7 @@ c10::DeviceIndex device_count() noexcept {
   }();
   return count;
 }
+// [/doc:device-count]
 
 void check_device_index(c10::DeviceIndex device) {
   c10::DeviceIndex count = device_count();

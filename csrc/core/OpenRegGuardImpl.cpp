@@ -19,6 +19,7 @@ OpenRegGuardImpl::OpenRegGuardImpl(c10::DeviceType t) {
 
 c10::DeviceType OpenRegGuardImpl::type() const { return static_type; }
 
+// [doc:guard-device]
 c10::Device OpenRegGuardImpl::exchangeDevice(c10::Device d) const {
   TORCH_INTERNAL_ASSERT(d.type() == static_type);
   return c10::Device(static_type, exchange_device(d.index()));
@@ -36,7 +37,9 @@ void OpenRegGuardImpl::setDevice(c10::Device d) const {
 void OpenRegGuardImpl::uncheckedSetDevice(c10::Device d) const noexcept {
   unchecked_set_device(d.index());
 }
+// [/doc:guard-device]
 
+// [doc:guard-streams]
 c10::Stream OpenRegGuardImpl::getStream(c10::Device d) const {
   return getCurrentStream(d.index()).unwrap();
 }
@@ -63,6 +66,7 @@ c10::Stream OpenRegGuardImpl::exchangeStream(c10::Stream s) const {
 void* OpenRegGuardImpl::getStreamNativeHandle(const c10::Stream s) const {
   return native_stream(s);
 }
+// [/doc:guard-streams]
 
 void OpenRegGuardImpl::destroyEvent(
     void* event, const c10::DeviceIndex /*device_index*/) const noexcept {
@@ -71,6 +75,7 @@ void OpenRegGuardImpl::destroyEvent(
   }
 }
 
+// [doc:event-record]
 void OpenRegGuardImpl::record(void** event, const c10::Stream& stream,
                               const c10::DeviceIndex device_index,
                               const c10::EventFlag flag) const {
@@ -93,7 +98,9 @@ void OpenRegGuardImpl::record(void** event, const c10::Stream& stream,
   trace_sync("record", reinterpret_cast<int64_t>(*event), stream.id(),
              stream.device_index());
 }
+// [/doc:event-record]
 
+// [doc:event-wait-query]
 void OpenRegGuardImpl::block(void* event, const c10::Stream& stream) const {
   if (event == nullptr) {
     return;  // never recorded: nothing to wait for
@@ -121,7 +128,9 @@ void OpenRegGuardImpl::synchronizeEvent(void* event) const {
     trace_sync("sync_event", reinterpret_cast<int64_t>(event), 0, -1);
   }
 }
+// [/doc:event-wait-query]
 
+// [doc:event-elapsed]
 double OpenRegGuardImpl::elapsedTime(
     void* event1, void* event2, const c10::DeviceIndex /*device_index*/) const {
   TORCH_CHECK(event1 != nullptr && event2 != nullptr,
@@ -137,6 +146,7 @@ double OpenRegGuardImpl::elapsedTime(
   OPENREG_CHECK(err);
   return static_cast<double>(ms);
 }
+// [/doc:event-elapsed]
 
 c10::DeviceIndex OpenRegGuardImpl::deviceCount() const noexcept {
   return device_count();
@@ -150,6 +160,7 @@ c10::DeviceCapability OpenRegGuardImpl::getDeviceCapability(
   return c10::DeviceCapability();
 }
 
+// [doc:guard-sync]
 bool OpenRegGuardImpl::queryStream(const c10::Stream& stream) const {
   return OpenRegStream(stream).query();
 }
@@ -168,7 +179,10 @@ void OpenRegGuardImpl::recordDataPtrOnStream(const c10::DataPtr& data_ptr,
   // Delegated to the device allocator, which owns block reuse.
   device_allocator()->recordStream(data_ptr, stream);
 }
+// [/doc:guard-sync]
 
+// [doc:guard-register]
 C10_REGISTER_GUARD_IMPL(PrivateUse1, OpenRegGuardImpl);
+// [/doc:guard-register]
 
 }  // namespace openreg

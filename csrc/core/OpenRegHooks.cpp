@@ -13,6 +13,7 @@ namespace openreg {
 
 namespace {
 
+// [doc:hooks]
 struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
   void init() const override { lazy_init(); }
 
@@ -75,12 +76,15 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
     resize_bytes(storage.unsafeGetStorageImpl(), newsize);
   }
 };
+// [/doc:hooks]
 
+// [doc:hooks-register]
 // Registered at load time; registration does not touch the runtime.
 const bool g_registered = [] {
   at::RegisterPrivateUse1HooksInterface(new OpenRegHooks());
   return true;
 }();
+// [/doc:hooks-register]
 
 }  // namespace
 

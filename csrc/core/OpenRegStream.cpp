@@ -16,6 +16,7 @@ namespace {
 constexpr int kMaxDevices = 16;
 constexpr size_t kPoolSize = 4;  // streams per priority per device
 
+// [doc:stream-table]
 struct DeviceStreams {
   std::once_flag init_once;
   std::mutex mutex;  // guards `table`
@@ -54,13 +55,16 @@ DeviceStreams& streams_of(c10::DeviceIndex device) {
   });
   return ds;
 }
+// [/doc:stream-table]
 
 c10::DeviceIndex resolve(c10::DeviceIndex device) {
   return device < 0 ? current_device() : device;
 }
 
+// [doc:stream-current]
 // Current stream id per device on this thread (0: the default stream).
 thread_local std::array<c10::StreamId, kMaxDevices> t_current{};
+// [/doc:stream-current]
 
 c10::Stream make(c10::DeviceIndex device, c10::StreamId id) {
   return c10::Stream(c10::Stream::UNSAFE,
@@ -117,6 +121,7 @@ void trace_sync(const char* kind, int64_t event, int64_t stream,
   }
 }
 
+// [doc:kernel-errors]
 void record_kernel_failure(orStream_t stream, const std::string& op,
                            const char* what) {
   std::lock_guard<std::mutex> lock(g_errors_mutex);
@@ -129,6 +134,7 @@ void synchronize_device(c10::DeviceIndex device) {
   raise_deferred(orDeviceSynchronize(), nullptr, device);
   trace_sync("sync_device", 0, 0, device);
 }
+// [/doc:kernel-errors]
 
 orStream_t native_stream(const c10::Stream& stream) {
   TORCH_INTERNAL_ASSERT(stream.device_type() == c10::DeviceType::PrivateUse1);
@@ -182,6 +188,7 @@ OpenRegStream getCurrentStream(c10::DeviceIndex device) {
   return OpenRegStream(make(device, t_current[static_cast<size_t>(device)]));
 }
 
+// [doc:stream-api]
 OpenRegStream getStreamFromPool(bool high_priority, c10::DeviceIndex device) {
   device = resolve(device);
   DeviceStreams& ds = streams_of(device);
@@ -207,5 +214,6 @@ void setCurrentStream(OpenRegStream stream) {
   native_stream(stream.unwrap());  // validates the id
   t_current[static_cast<size_t>(stream.device_index())] = stream.id();
 }
+// [/doc:stream-api]
 
 }  // namespace openreg

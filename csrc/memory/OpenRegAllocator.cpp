@@ -53,6 +53,7 @@ class HostEvent {
   orEvent_t event_ = nullptr;
 };
 
+// [doc:host-allocator]
 struct HostAllocatorImpl final
     : public at::CachingHostAllocatorImpl<c10::Stream, HostEvent> {
  private:
@@ -85,6 +86,7 @@ struct HostAllocatorImpl final
 
 DECLARE_HOST_ALLOCATOR(OpenRegHostAllocator, HostAllocatorImpl,
                        openreg_host_deleter, g_host_allocator)
+// [/doc:host-allocator]
 
 }  // namespace
 
@@ -103,6 +105,8 @@ bool is_pinned_ptr(const void* p) {
   return attr.type == orMemoryTypeHost;
 }
 
+// [doc:host-allocator-register]
 REGISTER_HOST_ALLOCATOR(at::kPrivateUse1, &g_host_allocator)
+// [/doc:host-allocator-register]
 
 }  // namespace openreg

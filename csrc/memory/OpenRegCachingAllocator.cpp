@@ -328,6 +328,7 @@ class DeviceCache {
     return b;
   }
 
+  // [doc:allocator-new-segment]
   // Allocates a new segment from the runtime; on failure frees the cache and
   // retries once, then raises torch.OutOfMemoryError.
   Block* new_segment(BlockPool& pool, c10::StreamId stream, size_t size,
@@ -355,6 +356,7 @@ class DeviceCache {
     });
     return block;
   }
+  // [/doc:allocator-new-segment]
 
   size_t reserved() const {
     return static_cast<size_t>(
@@ -549,6 +551,7 @@ class DeviceCache {
   size_t capacity_ = 0;
 };
 
+// [doc:allocator-allocate]
 class OpenRegCachingAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
@@ -570,6 +573,7 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
   }
 
   bool initialized() override { return is_initialized(); }
+  // [/doc:allocator-allocate]
 
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
     if (!is_initialized()) {
@@ -580,6 +584,7 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
     }
   }
 
+  // [doc:allocator-record-stream]
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
     if (ptr.get() == nullptr) {
       return;
@@ -599,6 +604,7 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
                 stream.device());
     cache(block->device).record_stream(block, stream.id());
   }
+  // [/doc:allocator-record-stream]
 
   Stats getDeviceStats(c10::DeviceIndex device) override {
     return cache(device).stats();
@@ -640,6 +646,7 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
 
 OpenRegCachingAllocator g_allocator;
 
+// [doc:allocator-delete]
 void OpenRegCachingAllocator::delete_block(void* ptr) {
   if (ptr == nullptr) {
     return;
@@ -659,6 +666,7 @@ void OpenRegCachingAllocator::delete_block(void* ptr) {
     TORCH_WARN("openreg allocator: free failed: ", e.what());
   }
 }
+// [/doc:allocator-delete]
 
 }  // namespace
 
@@ -686,6 +694,8 @@ std::vector<SegmentSnapshot> memory_snapshot() {
   return all;
 }
 
+// [doc:allocator-register]
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator);
+// [/doc:allocator-register]
 
 }  // namespace openreg

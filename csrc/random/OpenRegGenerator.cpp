@@ -10,6 +10,7 @@
 
 namespace openreg {
 
+// [doc:generator-impl]
 OpenRegGeneratorImpl::OpenRegGeneratorImpl(c10::DeviceIndex device,
                                            uint64_t seed)
     : c10::GeneratorImpl(c10::Device(c10::DeviceType::PrivateUse1, device),
@@ -22,6 +23,7 @@ void OpenRegGeneratorImpl::set_current_seed(uint64_t seed) {
   std::lock_guard<std::mutex> lock(cpu_.mutex());
   cpu_.set_current_seed(seed);
 }
+// [/doc:generator-impl]
 
 uint64_t OpenRegGeneratorImpl::current_seed() const {
   std::lock_guard<std::mutex> lock(cpu_.mutex());
@@ -33,11 +35,13 @@ uint64_t OpenRegGeneratorImpl::seed() {
   return cpu_.seed();
 }
 
+// [doc:generator-offset]
 void OpenRegGeneratorImpl::set_offset(uint64_t /*offset*/) {
   TORCH_CHECK_NOT_IMPLEMENTED(false,
                               "openreg generators are Mersenne-Twister based "
                               "and have no Philox offset; use set_state");
 }
+// [/doc:generator-offset]
 
 uint64_t OpenRegGeneratorImpl::get_offset() const {
   TORCH_CHECK_NOT_IMPLEMENTED(false,
@@ -69,6 +73,7 @@ constexpr int kMaxDevices = 16;
 
 }  // namespace
 
+// [doc:generator-default]
 const at::Generator& default_generator(c10::DeviceIndex device) {
   static std::array<std::once_flag, kMaxDevices> once;
   static std::array<at::Generator, kMaxDevices> generators;
@@ -103,5 +108,6 @@ at::Generator kernel_generator(const std::optional<at::Generator>& gen,
               g.device());
   return g.get<OpenRegGeneratorImpl>()->cpu_generator();
 }
+// [/doc:generator-default]
 
 }  // namespace openreg

@@ -17,9 +17,11 @@ __all__ = [
 ]
 
 
+# [doc:amp-dtypes]
 def get_amp_supported_dtype() -> list[torch.dtype]:
     """Lower-precision dtypes autocast may use on openreg."""
     return [torch.float16, torch.bfloat16]
+    # [/doc:amp-dtypes]
 
 
 def is_autocast_enabled() -> bool:
