@@ -33,7 +33,32 @@ def _register() -> None:
         )
 
 
+def _fix_dlpack_device() -> None:
+    """Makes ``Tensor.__dlpack_device__`` report openreg tensors as kDLExtDev.
+
+    PyTorch 2.13 compares ``device.type`` with the literal "privateuse1", which
+    a renamed backend never matches, so ``torch.from_dlpack(openreg_tensor)``
+    raises "Unknown device type" (pytorch/pytorch PR 195815 fixes it upstream).
+    The C++ export (``to_dlpack``) already maps PrivateUse1 to kDLExtDev; this
+    reports the same pair and leaves every other device to PyTorch.
+    """
+    original = torch.Tensor.__dlpack_device__
+    if getattr(original, "_openreg_fixed", False):
+        return
+    from torch.utils.dlpack import DLDeviceType
+
+    def __dlpack_device__(self):  # noqa: N807  (the protocol's name)
+        if type(self) is torch.Tensor and self.device.type == BACKEND_NAME:
+            return (DLDeviceType.kDLExtDev, self.device.index)
+        return original(self)
+
+    __dlpack_device__._openreg_fixed = True
+    __dlpack_device__.__doc__ = original.__doc__
+    torch.Tensor.__dlpack_device__ = __dlpack_device__
+
+
 _register()
+_fix_dlpack_device()
 
 
 def _drain_at_exit() -> None:

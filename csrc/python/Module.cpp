@@ -1,11 +1,16 @@
 // The torch_openreg._C extension module. Loading it registers every C++
 // integration point (static registrations in the other files); this file
 // only adds the functions the Python package needs.
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/util/strides.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <optional>
 #include <sstream>
+#include <vector>
 
 #include "aten/OpenRegKernelView.h"
 #include "core/OpenRegException.h"
@@ -13,6 +18,7 @@
 #include "core/OpenRegStream.h"
 #include "memory/OpenRegAllocator.h"
 #include "random/OpenRegGenerator.h"
+#include "serialization/OpenRegBackendMeta.h"
 
 namespace py = pybind11;
 
@@ -127,6 +133,54 @@ py::dict host_stats() {
   return d;
 }
 
+// Wraps openreg device memory that something else owns (a vendor library, a
+// DLPack producer, another tensor) as a tensor, without copying: the
+// at::from_blob path a C++ integration uses. `owner` is kept alive until the
+// tensor's storage dies. The pointer must be live device memory, and the
+// extent the sizes and strides reach must lie inside its allocation.
+at::Tensor from_blob(uintptr_t address, std::vector<int64_t> sizes,
+                     std::optional<std::vector<int64_t>> strides,
+                     at::ScalarType dtype, int64_t storage_offset,
+                     py::object owner) {
+  void* data = reinterpret_cast<void*>(address);
+  orPointerAttributes attr;
+  OPENREG_CHECK(orPointerGetAttributes(&attr, data));
+  TORCH_CHECK(attr.type == orMemoryTypeDevice, "from_blob: address 0x",
+              std::hex, address, std::dec,
+              " is not openreg device memory (pinned or pageable host memory "
+              "makes CPU tensors: use torch.frombuffer or torch.from_numpy)");
+  const auto contiguous = c10::contiguous_strides(sizes);
+  const std::vector<int64_t> st = strides.value_or(
+      std::vector<int64_t>(contiguous.begin(), contiguous.end()));
+  TORCH_CHECK(st.size() == sizes.size(), "from_blob: ", sizes.size(),
+              " sizes but ", st.size(), " strides");
+  TORCH_CHECK(storage_offset >= 0, "from_blob: negative storage offset ",
+              storage_offset);
+  const size_t itemsize = c10::elementSize(dtype);
+  const size_t nbytes = (at::detail::computeStorageNbytes(sizes, st, itemsize) +
+                         static_cast<size_t>(storage_offset) * itemsize);
+  const auto* base = static_cast<const char*>(attr.base);
+  const auto* begin = static_cast<const char*>(data);
+  TORCH_CHECK(begin + nbytes <= base + attr.size, "from_blob: ", nbytes,
+              " bytes from address 0x", std::hex, address, std::dec,
+              " run past the end of its allocation (", attr.size,
+              " bytes, starting ", begin - base, " bytes earlier)");
+  auto* keep = new py::object(std::move(owner));
+  return at::for_blob(data, sizes)
+      .strides(st)
+      .storage_offset(storage_offset)
+      .deleter([keep](void*) {
+        if (Py_IsInitialized()) {
+          py::gil_scoped_acquire gil;
+          delete keep;
+        }
+      })
+      .options(at::TensorOptions().dtype(dtype).device(
+          c10::DeviceType::PrivateUse1,
+          static_cast<c10::DeviceIndex>(attr.device)))
+      .make_tensor();
+}
+
 }  // namespace
 
 }  // namespace openreg
@@ -169,6 +223,12 @@ PYBIND11_MODULE(_C, m) {
       "_default_stream_id",
       [](c10::DeviceIndex device) { return getDefaultStream(device).id(); },
       py::arg("device"));
+  m.def("_from_blob", &from_blob, py::arg("address"), py::arg("sizes"),
+        py::arg("strides"), py::arg("dtype"), py::arg("storage_offset"),
+        py::arg("owner"));
+  m.def("_tensor_tags", &tensor_tags, py::arg("tensor"));
+  m.def("_set_tensor_tag", &set_tensor_tag, py::arg("tensor"), py::arg("name"),
+        py::arg("value"));
   m.def("_fallback_ops", &fallback_ops);
   m.def("_set_fallback_warnings", &set_fallback_warnings, py::arg("enabled"));
   m.def("_set_sync_trace", &set_trace_callback, py::arg("callback"));
