@@ -16,32 +16,53 @@ import torch
 from torch_openreg import _C
 
 from . import amp, memory, random, sanitizer, streams
-from .amp import *  # noqa: F403  (each submodule's __all__ is its public API)
+from .amp import (  # noqa: F401  (the device-module AMP functions torch.autocast asks for)
+    get_amp_supported_dtype,
+    get_autocast_dtype,
+    is_autocast_enabled,
+    set_autocast_dtype,
+    set_autocast_enabled,
+)
 from .memory import *  # noqa: F403
 from .random import *  # noqa: F403
 from .streams import *  # noqa: F403
 
 __all__ = [
+    "DeferredOpenRegCallError",
+    "can_device_access_peer",
     "current_device",
+    "default_generators",
     "device",
     "device_count",
+    "device_memory_used",
     "device_of",
     "fallback_ops",
     "get_device_capability",
     "get_device_name",
     "get_device_properties",
+    "get_sync_debug_mode",
+    "has_half",
     "init",
     "is_available",
+    "is_bf16_supported",
     "is_initialized",
+    "is_tf32_supported",
     "sanitizer",
     "set_device",
     "set_fallback_warnings",
+    "set_sync_debug_mode",
     "synchronize",
-    *amp.__all__,
+    *amp.DEVICE_MODULE_API,
     *memory.__all__,
     *random.__all__,
     *streams.__all__,
 ]
+
+# As torch.cuda: True (half precision tensors and kernels exist).
+has_half = True
+# The default torch.Generator of each device, filled at initialisation (empty
+# before, as torch.cuda.default_generators).
+default_generators: tuple[torch.Generator, ...] = ()
 
 _initialized = False
 _init_lock = threading.Lock()
@@ -105,6 +126,8 @@ def _lazy_init() -> None:
                 "multiprocessing, you must use the 'spawn' start method"
             )
         _C._init()
+        global default_generators
+        default_generators = tuple(_C._get_default_generator(i) for i in range(device_count()))
         _tls.is_initializing = True
         try:
             for queued_call, stack in _queued_calls:
@@ -210,3 +233,66 @@ def get_device_name(device: Any = None) -> str:
 def get_device_capability(device: Any = None) -> tuple[int, int]:
     prop = get_device_properties(device)
     return prop.major, prop.minor
+
+
+def can_device_access_peer(device: Any, peer_device: Any) -> bool:
+    """True if ``device`` can read and write ``peer_device``'s memory directly.
+
+    Every simulated device lives in this process, so copies between two
+    different devices go directly from arena to arena; a device is not its
+    own peer (as cudaDeviceCanAccessPeer answers).
+    """
+    _lazy_init()
+    index = _get_device_index(device, optional=True)
+    peer = _get_device_index(peer_device)
+    count = device_count()
+    if not 0 <= index < count:
+        raise AssertionError(f"Invalid device id {index} (openreg has {count} devices)")
+    if not 0 <= peer < count:
+        raise AssertionError(f"Invalid peer device id {peer} (openreg has {count} devices)")
+    return index != peer
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """True: bfloat16 tensors and kernels exist natively (no emulation needed)."""
+    return is_available()
+
+
+def is_tf32_supported() -> bool:
+    """False: float32 matmuls and convolutions run in full float32 precision."""
+    return False
+
+
+def device_memory_used(device: Any = None) -> int:
+    """Bytes of the device in use, as the driver counts them (capacity minus free)."""
+    free, total = memory.mem_get_info(device)
+    return total - free
+
+
+_SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
+
+
+def get_sync_debug_mode() -> int:
+    """0: synchronizing operations neither warn nor raise (the only mode openreg has)."""
+    _lazy_init()
+    return 0
+
+
+def set_sync_debug_mode(debug_mode: int | str) -> None:
+    """Accepts ``"default"``/0; ``"warn"``/1 and ``"error"``/2 are not implemented.
+
+    openreg has no per-operation hook that tells an implicit synchronization a
+    GPU would also make from one the simulator adds, so it cannot warn on
+    exactly CUDA's set; it raises rather than pretend.
+    """
+    _lazy_init()
+    if isinstance(debug_mode, str):
+        if debug_mode not in _SYNC_DEBUG_MODES:
+            raise RuntimeError(
+                "invalid value of debug_mode, expected one of `default`, `warn`, `error`"
+            )
+        debug_mode = _SYNC_DEBUG_MODES[debug_mode]
+    if debug_mode != 0:
+        raise NotImplementedError(
+            f"openreg supports only sync debug mode 0 ('default'), got {debug_mode}"
+        )

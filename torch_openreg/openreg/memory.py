@@ -5,7 +5,11 @@ have the keys and meanings of ``torch.cuda.memory_stats`` and are the same
 numbers ``torch.accelerator`` reports.
 """
 
+import contextlib
+import threading
+import warnings
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -13,19 +17,30 @@ import torch
 from torch_openreg import _C
 
 __all__ = [
+    "caching_allocator_alloc",
+    "caching_allocator_delete",
+    "caching_allocator_disabled",
+    "caching_allocator_enable",
     "empty_cache",
+    "get_allocator_backend",
     "get_per_process_memory_fraction",
     "host_memory_stats",
+    "host_memory_stats_as_nested_dict",
     "max_memory_allocated",
+    "max_memory_cached",
     "max_memory_reserved",
     "mem_get_info",
     "memory_allocated",
+    "memory_cached",
     "memory_reserved",
     "memory_snapshot",
     "memory_stats",
+    "memory_stats_as_nested_dict",
     "memory_summary",
     "reset_accumulated_host_memory_stats",
     "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated",
+    "reset_max_memory_cached",
     "reset_peak_host_memory_stats",
     "reset_peak_memory_stats",
     "set_per_process_memory_fraction",
@@ -57,6 +72,18 @@ def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":
     return torch.accelerator.memory_stats(_index(device))
 
 
+def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+    """memory_stats as nested dicts: ``{"allocated_bytes": {"all": {"current": ...}}}``."""
+    nested: dict[str, Any] = {}
+    for key, value in memory_stats(device).items():
+        *parents, leaf = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return nested
+
+
 def memory_allocated(device: Any = None) -> int:
     """Bytes occupied by tensors on the device."""
     return memory_stats(device).get("allocated_bytes.all.current", 0)
@@ -78,6 +105,51 @@ def max_memory_reserved(device: Any = None) -> int:
 def reset_peak_memory_stats(device: Any = None) -> None:
     if _initialized():
         torch.accelerator.reset_peak_memory_stats(_index(device))
+
+
+# The pre-"reserved" names torch.cuda still has, with its FutureWarnings.
+
+
+def memory_cached(device: Any = None) -> int:
+    """Deprecated; see memory_reserved."""
+    warnings.warn(
+        "torch.openreg.memory_cached has been renamed to torch.openreg.memory_reserved",
+        FutureWarning,
+        stacklevel=2,
+    )
+    return memory_reserved(device)
+
+
+def max_memory_cached(device: Any = None) -> int:
+    """Deprecated; see max_memory_reserved."""
+    warnings.warn(
+        "torch.openreg.max_memory_cached has been renamed to torch.openreg.max_memory_reserved",
+        FutureWarning,
+        stacklevel=2,
+    )
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_allocated(device: Any = None) -> None:
+    """Deprecated; resets every peak statistic (see reset_peak_memory_stats)."""
+    warnings.warn(
+        "torch.openreg.reset_max_memory_allocated now calls "
+        "torch.openreg.reset_peak_memory_stats, which resets /all/ peak memory stats.",
+        FutureWarning,
+        stacklevel=2,
+    )
+    reset_peak_memory_stats(device)
+
+
+def reset_max_memory_cached(device: Any = None) -> None:
+    """Deprecated; resets every peak statistic (see reset_peak_memory_stats)."""
+    warnings.warn(
+        "torch.openreg.reset_max_memory_cached now calls "
+        "torch.openreg.reset_peak_memory_stats, which resets /all/ peak memory stats.",
+        FutureWarning,
+        stacklevel=2,
+    )
+    reset_peak_memory_stats(device)
 
 
 def reset_accumulated_memory_stats(device: Any = None) -> None:
@@ -110,14 +182,39 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
     return _C._get_memory_fraction(_index(device))
 
 
-def memory_snapshot() -> list[dict[str, Any]]:
-    """Every segment of every device with its blocks (torch.cuda's shape)."""
+def memory_snapshot(mempool_id: Any = None, include_traces: bool = True) -> list[dict[str, Any]]:
+    """Every segment of every device with its blocks (torch.cuda's shape).
+
+    openreg records no allocation history, so there are never trace entries
+    to include; it has no memory pools besides the default one, so
+    ``mempool_id`` must be None.
+    """
+    if mempool_id is not None:
+        raise NotImplementedError(
+            f"openreg has no memory pools besides the default one, got mempool_id={mempool_id!r}"
+        )
     return _C._memory_snapshot()
 
 
-def host_memory_stats() -> dict[str, Any]:
-    """Statistics of the pinned host memory allocator."""
+def host_memory_stats_as_nested_dict() -> dict[str, Any]:
+    """Statistics of the pinned host memory allocator, as nested dicts."""
     return _C._host_memory_stats()
+
+
+def host_memory_stats() -> "OrderedDict[str, Any]":
+    """Statistics of the pinned host memory allocator, flattened and sorted
+    (``"allocations.current"``, ``"num_host_alloc"``, ...) as torch.cuda's."""
+    flat: list[tuple[str, Any]] = []
+
+    def add(prefix: str, obj: Any) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                add(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            flat.append((prefix, obj))
+
+    add("", host_memory_stats_as_nested_dict())
+    return OrderedDict(sorted(flat))
 
 
 def reset_peak_host_memory_stats() -> None:
@@ -126,6 +223,78 @@ def reset_peak_host_memory_stats() -> None:
 
 def reset_accumulated_host_memory_stats() -> None:
     _C._host_reset_accumulated_stats()
+
+
+def get_allocator_backend() -> str:
+    """``"native"``: openreg has one allocator, the caching allocator in csrc/memory."""
+    return "native"
+
+
+def caching_allocator_enable(value: bool = True) -> None:
+    """The caching allocator is always on; turning it off is not implemented
+    (it would have to hand every freed block back to the device at once)."""
+    if not value:
+        raise NotImplementedError("openreg cannot disable its caching allocator")
+
+
+@contextlib.contextmanager
+def caching_allocator_disabled() -> Iterator[None]:
+    """Not implemented on openreg (see caching_allocator_enable): raises on entry."""
+    caching_allocator_enable(False)
+    yield
+
+
+# Raw blocks handed out by caching_allocator_alloc: the byte tensor that owns
+# each one, by address. Deleting the tensor returns the block to the cache.
+_raw_blocks: dict[int, torch.Tensor] = {}
+_raw_blocks_lock = threading.Lock()
+
+
+def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
+    """Allocates ``size`` bytes from the caching allocator; returns the address.
+
+    The block belongs to ``stream`` (default: the device's current stream),
+    as a tensor allocated under that stream would. Release it with
+    caching_allocator_delete. ``stream`` is a torch.Stream on the same
+    openreg device (openreg has no raw stream handles to pass as int).
+    """
+    from . import _lazy_init
+    from . import device as device_ctx
+    from .streams import current_stream
+    from .streams import stream as stream_ctx
+
+    _lazy_init()
+    index = _index(device)
+    if stream is None:
+        stream = current_stream(index)
+    if not isinstance(stream, torch.Stream):
+        raise TypeError(
+            "Invalid type for stream argument, must be a `torch.Stream` on openreg, "
+            f"got {type(stream).__name__}"
+        )
+    if stream.device != torch.device("openreg", index):
+        raise ValueError(f"stream {stream} is not on openreg:{index}")
+    if size == 0:
+        return 0
+    with device_ctx(index), stream_ctx(stream):
+        block = torch.empty(size, dtype=torch.uint8, device=f"openreg:{index}")
+    ptr = block.data_ptr()
+    with _raw_blocks_lock:
+        _raw_blocks[ptr] = block
+    return ptr
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    """Returns a block from caching_allocator_alloc to the caching allocator."""
+    if mem_ptr == 0:
+        return
+    with _raw_blocks_lock:
+        block = _raw_blocks.pop(mem_ptr, None)
+    if block is None:
+        raise RuntimeError(
+            f"invalid device pointer: {mem_ptr:#x} (not from caching_allocator_alloc)"
+        )
+    del block
 
 
 def _format_size(n: int) -> str:

@@ -20,6 +20,7 @@ __all__ = [
     "StreamContext",
     "current_stream",
     "default_stream",
+    "is_current_stream_capturing",
     "set_stream",
     "stream",
 ]
@@ -66,8 +67,20 @@ class Event:
     """
 
     def __new__(  # type: ignore[misc]
-        cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+        cls,
+        enable_timing: bool = False,
+        blocking: bool = False,
+        interprocess: bool = False,
+        external: bool = False,
     ) -> torch.Event:
+        if interprocess:
+            raise NotImplementedError(
+                "openreg events cannot be shared between processes (interprocess=True)"
+            )
+        if external:
+            raise NotImplementedError(
+                "openreg has no graph capture, so no external events (external=True)"
+            )
         return torch.Event(
             device="openreg",
             enable_timing=enable_timing,
@@ -98,6 +111,11 @@ def default_stream(device: Any = None) -> Stream:
     return Stream(
         stream_id=_C._default_stream_id(index), device_index=index, device_type=base.device_type
     )
+
+
+def is_current_stream_capturing() -> bool:
+    """False: openreg has no graph capture (torch.accelerator.Graph is unsupported)."""
+    return False
 
 
 def set_stream(stream: torch.Stream) -> None:
