@@ -23,8 +23,8 @@ DEVICE_MODULE_API = [
 
 __all__ = [
     *DEVICE_MODULE_API,
-    # torch.cuda.amp's names (there deprecated aliases of torch.amp's): here
-    # plain shorthands of the torch.amp classes and decorators for "openreg".
+    # torch.cuda.amp's names: deprecated spellings of torch.amp's classes and
+    # decorators for "openreg", warning as torch.cuda.amp's do.
     "GradScaler",
     "amp_definitely_not_available",
     "autocast",
