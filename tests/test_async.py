@@ -184,3 +184,27 @@ def test_reductions_matmul_and_norms_are_queued_too():
         assert pending, f"{name}: the host waited for the device"
         for r in results:
             torch.testing.assert_close(r.cpu(), expected)
+
+
+def test_resize_on_a_side_stream_keeps_pending_writes():
+    # Growing a storage copies the old bytes; the copy must follow the
+    # kernels still queued on the current (side) stream.
+    n = 1 << 22
+    s = torch.openreg.Stream()
+    with torch.openreg.stream(s):
+        x = torch.zeros(n, device="openreg")
+        for _ in range(5):
+            x.add_(1)
+        x.resize_(n + 1)
+        head = x[:n].clone()
+    torch.openreg.synchronize()
+    assert torch.equal(head.cpu(), torch.full((n,), 5.0))
+    # The same through the storage API (the hooks' resizePrivateUse1Bytes).
+    with torch.openreg.stream(s):
+        y = torch.zeros(n, device="openreg")
+        y.add_(2)
+        y.untyped_storage().resize_(8 * n)
+        grown = torch.empty(0, device="openreg").set_(y.untyped_storage(), 0, (n,))
+        got = grown.clone()
+    torch.openreg.synchronize()
+    assert torch.equal(got.cpu(), torch.full((n,), 2.0))

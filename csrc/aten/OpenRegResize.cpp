@@ -1,11 +1,13 @@
 #include "aten/OpenRegResize.h"
 
 #include <ATen/EmptyTensor.h>
+#include <c10/core/CachingDeviceAllocator.h>
 
 #include <algorithm>
 
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
+#include "core/OpenRegStream.h"
 
 namespace openreg {
 
@@ -20,8 +22,18 @@ void resize_bytes(c10::StorageImpl* storage, size_t new_size) {
   }
   size_t keep = std::min(new_size, storage->nbytes());
   if (keep != 0 && storage->data() != nullptr) {
-    OPENREG_CHECK(orMemcpy(new_data.get(), storage->data(), keep,
-                           orMemcpyDeviceToDevice));
+    // As on CUDA: the copy is queued on the current stream, so it follows
+    // the work already queued there (which may still be writing the old
+    // data) and precedes whatever the caller queues next. The old block is
+    // marked as used by this stream, so the allocator does not hand it out
+    // on its own stream before the copy has read it.
+    const OpenRegStream stream = getCurrentStream(device);
+    OPENREG_CHECK(orMemcpyAsync(new_data.get(), storage->data(), keep,
+                                orMemcpyDeviceToDevice, stream.native()));
+    if (auto* allocator =
+            dynamic_cast<c10::DeviceAllocator*>(storage->allocator())) {
+      allocator->recordStream(storage->data_ptr(), stream.unwrap());
+    }
   }
   storage->set_data_ptr_noswap(std::move(new_data));
   storage->set_nbytes(new_size);

@@ -568,8 +568,10 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
 
   c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
 
+  // Stream-ordered on the current stream, like the allocation of `dest`.
   void copy_data(void* dest, const void* src, size_t count) const override {
-    OPENREG_CHECK(orMemcpy(dest, src, count, orMemcpyDeviceToDevice));
+    OPENREG_CHECK(orMemcpyAsync(dest, src, count, orMemcpyDeviceToDevice,
+                                getCurrentStream(current_device()).native()));
   }
 
   bool initialized() override { return is_initialized(); }
