@@ -33,6 +33,7 @@ def _register() -> None:
         )
 
 
+# [doc:dlpack-device]
 def _fix_dlpack_device() -> None:
     """Makes ``Tensor.__dlpack_device__`` report openreg tensors as kDLExtDev.
 
@@ -55,6 +56,7 @@ def _fix_dlpack_device() -> None:
     __dlpack_device__._openreg_fixed = True
     __dlpack_device__.__doc__ = original.__doc__
     torch.Tensor.__dlpack_device__ = __dlpack_device__
+# [/doc:dlpack-device]
 
 
 _register()

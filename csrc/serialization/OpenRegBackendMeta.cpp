@@ -8,12 +8,14 @@
 
 namespace openreg {
 
+// [doc:backend-meta-clone]
 c10::intrusive_ptr<c10::BackendMeta> OpenRegBackendMeta::clone(
     const c10::intrusive_ptr<c10::BackendMeta>& /*ptr*/) const {
   auto copy = c10::make_intrusive<OpenRegBackendMeta>();
   copy->tags = tags;
   return copy;
 }
+// [/doc:backend-meta-clone]
 
 namespace {
 
@@ -23,6 +25,7 @@ OpenRegBackendMeta* meta_of(const at::Tensor& tensor) {
       tensor.unsafeGetTensorImpl()->get_backend_meta());
 }
 
+// [doc:backend-meta-serialize]
 // torch.save: adds "openreg.<name>" entries to the tensor's metadata map.
 void serialize_meta(const at::Tensor& tensor,
                     std::unordered_map<std::string, bool>& metadata) {
@@ -52,6 +55,7 @@ const bool registered = [] {
                                         &serialize_meta, &deserialize_meta);
   return true;
 }();
+// [/doc:backend-meta-serialize]
 
 }  // namespace
 
