@@ -92,15 +92,12 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "raised by `init()` when a call queued before initialisation fails",
                 openreg="DeferredOpenRegCallError",
             ),
-            _partial(
-                "get_sync_debug_mode",
-                "always 0: openreg has only the default mode (see `set_sync_debug_mode`)",
-            ),
-            _partial(
+            _same("get_sync_debug_mode", "0, 1 or 2 as set"),
+            _same(
                 "set_sync_debug_mode",
-                '`"default"`/0 works; `"warn"`/1 and `"error"`/2 raise NotImplementedError: '
-                "the simulator adds host waits a GPU would not make and cannot yet tell "
-                "them from CUDA's synchronizing operations",
+                "warns or raises on `Tensor.item()`, blocking copies to or from the CPU "
+                "and `Stream.synchronize()`; as on CUDA the coverage is not complete "
+                "(data-dependent ops such as `nonzero` are not reported)",
             ),
             _cuda("get_arch_list", "CUDA compute capabilities the binary was built for"),
             _cuda("get_gencode_flags", "nvcc `-gencode` flags of the build"),

@@ -358,18 +358,58 @@ def _check_DeferredCudaCallError():
 
 def _check_get_sync_debug_mode():
     assert openreg.get_sync_debug_mode() == 0
+    try:
+        for name, mode in (("warn", 1), ("error", 2), ("default", 0)):
+            openreg.set_sync_debug_mode(name)
+            assert openreg.get_sync_debug_mode() == mode
+    finally:
+        openreg.set_sync_debug_mode(0)
+
+
+def _sync_messages(fn):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn()
+    return [str(w.message) for w in caught if "synchronizing openreg operation" in str(w.message)]
 
 
 def _check_set_sync_debug_mode():
-    openreg.set_sync_debug_mode("default")
-    openreg.set_sync_debug_mode(0)
-    assert openreg.get_sync_debug_mode() == 0
-    for mode in ("warn", 1, "error", 2):
-        with pytest.raises(NotImplementedError, match="sync debug mode 0"):
-            openreg.set_sync_debug_mode(mode)
-    with pytest.raises(RuntimeError, match="invalid value of debug_mode"):
-        openreg.set_sync_debug_mode("loud")
-    assert openreg.get_sync_debug_mode() == 0
+    x = torch.ones(4, device="openreg")
+    pinned = torch.ones(4).pin_memory()
+    synchronizing = {
+        "item": lambda: x.sum().item(),
+        "to the CPU": lambda: x.cpu(),
+        "from the CPU": lambda: torch.ones(4).to("openreg"),
+        "stream": lambda: openreg.current_stream().synchronize(),
+    }
+    quiet = {
+        "elementwise": lambda: x.add_(1),
+        "device sync": lambda: openreg.synchronize(),
+        "pinned non_blocking": lambda: pinned.to("openreg", non_blocking=True),
+        "on the device": lambda: x.to("openreg:1"),
+    }
+    try:
+        openreg.set_sync_debug_mode("warn")
+        for name, fn in synchronizing.items():
+            assert len(_sync_messages(fn)) == 1, name
+        for name, fn in quiet.items():
+            assert _sync_messages(fn) == [], name
+        openreg.set_sync_debug_mode(2)
+        with pytest.raises(RuntimeError, match=r"synchronizing openreg operation \(aten::_local"):
+            x.sum().item()
+        with pytest.raises(RuntimeError, match="blocking copy between openreg and the CPU"):
+            x.cpu()
+        x.add_(1)  # not synchronizing: allowed
+        openreg.set_sync_debug_mode("default")
+        assert _sync_messages(lambda: x.cpu()) == []
+        with pytest.raises(RuntimeError, match="invalid value of debug_mode"):
+            openreg.set_sync_debug_mode("loud")
+        with pytest.raises(RuntimeError, match="invalid sync debug mode 3"):
+            openreg.set_sync_debug_mode(3)
+    finally:
+        openreg.set_sync_debug_mode(0)
+    openreg.synchronize()
+    assert torch.equal(x.cpu(), torch.full((4,), 3.0))
 
 
 # Streams and events
@@ -1078,9 +1118,13 @@ def _acc_empty_cache():
 def _acc_empty_host_cache():
     x = _pinned_round_trip()
     del x
+    # Freeing records an event on the stream that used the block; it is
+    # reusable (and releasable) once the stream has passed that event.
+    openreg.synchronize()
     assert openreg.host_memory_stats()["allocations.current"] >= 1  # cached
     torch.accelerator.empty_host_cache()
-    assert openreg.host_memory_stats()["allocations.current"] == 0
+    stats = openreg.host_memory_stats()
+    assert stats["allocations.current"] == 0 == stats["allocated_bytes.current"]
 
 
 def _acc_get_memory_info():

@@ -10,6 +10,7 @@
 
 #include "aten/OpenRegKernelView.h"
 #include "core/OpenRegException.h"
+#include "core/OpenRegFunctions.h"
 #include "memory/OpenRegAllocator.h"
 
 namespace openreg {
@@ -95,6 +96,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
                    views.view(out).copy_(views.view(src));
                  });
     return dst;
+  }
+  if (!non_blocking && (!is_openreg(self) || !is_openreg(dst))) {
+    // As CUDA's copy_: a blocking copy to or from the host waits for the
+    // stream (sync debug mode reports it).
+    warn_or_error_on_sync("a blocking copy between openreg and the CPU");
   }
   run_sync(device, [&] {
     // Tensors sharing memory take the kernel path, whose TensorIterator

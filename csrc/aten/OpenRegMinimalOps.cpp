@@ -13,6 +13,7 @@
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegResize.h"
 #include "core/OpenRegException.h"
+#include "core/OpenRegFunctions.h"
 #include "memory/OpenRegAllocator.h"
 
 namespace openreg {
@@ -114,6 +115,7 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   // A device-to-host copy: waits for the producing work, like CUDA's .item().
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
   const c10::DeviceIndex device = self.device().index();
+  warn_or_error_on_sync("aten::_local_scalar_dense, e.g. Tensor.item()");
   getCurrentStream(device).synchronize();
   OPENREG_CHECK(orMemcpy(host.data_ptr(), self.const_data_ptr(),
                          self.dtype().itemsize(), orMemcpyDeviceToHost));

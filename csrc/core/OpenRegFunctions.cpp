@@ -97,4 +97,27 @@ void unchecked_set_device(c10::DeviceIndex device) noexcept {
   OPENREG_CHECK_WARN(orSetDevice(device));
 }
 
+namespace {
+std::atomic<int> g_sync_debug_mode{0};
+}  // namespace
+
+void set_sync_debug_mode(int mode) {
+  TORCH_CHECK(mode >= 0 && mode <= 2, "invalid sync debug mode ", mode,
+              ": expected 0 (default), 1 (warn) or 2 (error)");
+  g_sync_debug_mode.store(mode);
+}
+
+int get_sync_debug_mode() noexcept { return g_sync_debug_mode.load(); }
+
+void warn_or_error_on_sync(const char* what) {
+  const int mode = g_sync_debug_mode.load(std::memory_order_relaxed);
+  if (mode == 2) {
+    TORCH_CHECK(false, "called a synchronizing openreg operation (", what,
+                ") with sync debug mode 2 (error)");
+  }
+  if (mode == 1) {
+    TORCH_WARN("called a synchronizing openreg operation (", what, ")");
+  }
+}
+
 }  // namespace openreg

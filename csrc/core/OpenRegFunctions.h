@@ -26,6 +26,14 @@ bool is_initialized() noexcept;
 // True in a child forked after initialisation.
 bool is_in_bad_fork() noexcept;
 
+// torch.openreg.set_sync_debug_mode, as CUDA's: 0 (default) lets host
+// synchronizations pass silently, 1 warns, 2 raises. Thread-safe.
+void set_sync_debug_mode(int mode);
+int get_sync_debug_mode() noexcept;
+// Called where an operation makes the host wait for the device in a way a
+// GPU would too (`what` names it): warns or raises per the mode.
+void warn_or_error_on_sync(const char* what);
+
 // Makes `device` current for the lifetime of the object (raw runtime calls,
 // for code below the c10 guard).
 class ScopedDevice {

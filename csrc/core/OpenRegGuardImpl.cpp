@@ -166,6 +166,7 @@ bool OpenRegGuardImpl::queryStream(const c10::Stream& stream) const {
 }
 
 void OpenRegGuardImpl::synchronizeStream(const c10::Stream& stream) const {
+  warn_or_error_on_sync("Stream.synchronize()");
   OpenRegStream(stream).synchronize();
 }
 

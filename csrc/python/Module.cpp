@@ -202,6 +202,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_is_initialized", &is_initialized);
   m.def("_is_in_bad_fork", &is_in_bad_fork);
   m.def("_device_count", &device_count);
+  m.def("_set_sync_debug_mode", &set_sync_debug_mode, py::arg("mode"));
+  m.def("_get_sync_debug_mode", &get_sync_debug_mode);
   m.def("_get_device", &current_device);
   m.def("_set_device", &set_device, py::arg("device"));
   m.def("_exchange_device", &exchange_device, py::arg("device"));

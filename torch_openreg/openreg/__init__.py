@@ -273,17 +273,20 @@ _SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
 
 
 def get_sync_debug_mode() -> int:
-    """0: synchronizing operations neither warn nor raise (the only mode openreg has)."""
+    """The sync debug mode: 0 silent, 1 warn, 2 error (see set_sync_debug_mode)."""
     _lazy_init()
-    return 0
+    return _C._get_sync_debug_mode()
 
 
 def set_sync_debug_mode(debug_mode: int | str) -> None:
-    """Accepts ``"default"``/0; ``"warn"``/1 and ``"error"``/2 are not implemented.
+    """Warns (``"warn"``/1) or raises (``"error"``/2) on synchronizing operations.
 
-    openreg has no per-operation hook that tells an implicit synchronization a
-    GPU would also make from one the simulator adds, so it cannot warn on
-    exactly CUDA's set; it raises rather than pretend.
+    As on CUDA, the operations that make the host wait for the device for a
+    reason a GPU shares report it: ``Tensor.item()``, blocking copies between
+    the device and the CPU, ``Stream.synchronize()``. ``synchronize()`` of a
+    whole device does not. Like CUDA's, the coverage is not complete: ops
+    whose output shape depends on the data (``nonzero``, ...) are not
+    reported, nor the waits only the simulator makes.
     """
     _lazy_init()
     if isinstance(debug_mode, str):
@@ -292,7 +295,4 @@ def set_sync_debug_mode(debug_mode: int | str) -> None:
                 "invalid value of debug_mode, expected one of `default`, `warn`, `error`"
             )
         debug_mode = _SYNC_DEBUG_MODES[debug_mode]
-    if debug_mode != 0:
-        raise NotImplementedError(
-            f"openreg supports only sync debug mode 0 ('default'), got {debug_mode}"
-        )
+    _C._set_sync_debug_mode(debug_mode)
