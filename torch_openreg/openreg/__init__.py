@@ -15,7 +15,7 @@ import torch
 
 from torch_openreg import _C
 
-from . import amp, memory, random, sanitizer, streams
+from . import amp, memory, random, sanitizer, streams, tensors
 from .amp import (  # noqa: F401  (the device-module AMP functions torch.autocast asks for)
     get_amp_supported_dtype,
     get_autocast_dtype,
@@ -26,6 +26,7 @@ from .amp import (  # noqa: F401  (the device-module AMP functions torch.autocas
 from .memory import *  # noqa: F403
 from .random import *  # noqa: F403
 from .streams import *  # noqa: F403
+from .tensors import *  # noqa: F403
 
 __all__ = [
     "DeferredOpenRegCallError",
@@ -53,6 +54,7 @@ __all__ = [
     "set_sync_debug_mode",
     "synchronize",
     *amp.DEVICE_MODULE_API,
+    *tensors.__all__,
     *memory.__all__,
     *random.__all__,
     *streams.__all__,
