@@ -650,3 +650,26 @@ def test_to_device_helper_roundtrip():
     nested = {"a": [randn(2), (randn(3),)], "b": 1}
     moved = to_device(nested)
     assert moved["a"][0].device.type == "openreg" and moved["b"] == 1
+
+
+@pytest.mark.parametrize("out", [False, True])
+def test_lu_solve_right_side_keeps_the_conjugate_bit(out):
+    """linalg_lu_solve(left=False) returns its out= result as a conjugate view
+    (the CPU kernel solves A^H X^H = B^H in place and flips the bit); the
+    fallback must carry the bit to the device tensor, on every call (also
+    once the signature is cached, and for shapes that broadcast like an
+    elementwise op)."""
+    for n, rhs in [(3, 4), (1, 4)]:
+        a = torch.randn(n, n, generator=_gen(n), dtype=torch.complex128)
+        lu, piv = torch.linalg.lu_factor(a)
+        b = torch.randn(rhs, n, generator=_gen(rhs), dtype=torch.complex128)
+        expected = torch.linalg.lu_solve(lu, piv, b, left=False)
+        dev = to_device((lu, piv, b))
+        for _ in range(3):
+            if out:
+                result = torch.empty(rhs, n, dtype=torch.complex128, device="openreg")
+                torch.linalg.lu_solve(*dev, left=False, out=result)
+            else:
+                result = torch.linalg.lu_solve(*dev, left=False)
+            assert result.is_conj() == expected.is_conj()
+            assert_close_cpu(result, expected, rtol=0, atol=0)

@@ -189,6 +189,14 @@ void sync_mutated(const at::Tensor& dev, const at::Tensor& view,
     impl->set_sizes_and_strides(view.sizes(), view.strides(),
                                 view.storage_offset());
   }
+  // Some kernels return their out= result as a conjugate or negative view
+  // (linalg_lu_solve with left=False sets the conjugate bit on `result`).
+  if (dev.is_conj() != view.is_conj()) {
+    impl->_set_conj(view.is_conj());
+  }
+  if (dev.is_neg() != view.is_neg()) {
+    impl->_set_neg(view.is_neg());
+  }
 }
 
 // The argument an in-place/out= result aliases, or -1.
@@ -227,6 +235,16 @@ bool meta_differs_from_cpu(const c10::OperatorName& name) {
     }
   }
   return false;
+}
+
+// Ops whose CPU kernel returns its out= argument as a conjugate view
+// (linalg_lu_solve with left=False solves A^H X^H = B^H in place and flips
+// the conjugate bit of `result`): the host-side bit changes with the call, so
+// they always run synchronously. The elementwise asynchronous path would take
+// them when the shapes happen to broadcast; the meta path finds out on the
+// first (synchronous) call, and a launch asserts that no bit changed.
+bool flips_result_bits(const c10::OperatorName& name) {
+  return name.name == "aten::linalg_lu_solve";
 }
 
 // The operator's name for messages ("aten::add.out").
@@ -297,20 +315,29 @@ torch::jit::Stack run_cpu_kernel(const c10::OperatorHandle& op,
                 " would have to be resized to ", view.sizes(),
                 "; asynchronous kernels cannot resize device tensors: pass "
                 "an output of the right shape, or an empty one");
+    TORCH_INTERNAL_ASSERT(
+        dev.is_conj() == view.is_conj() && dev.is_neg() == view.is_neg(),
+        "the CPU kernel changed the conjugate/negative bit of its out= "
+        "argument in an asynchronous launch (signatures that do so must run "
+        "synchronously)");
   }
   return stack;
 }
 
-// What both asynchronous paths require: no generator (random draws happen
-// in program order), no output_mask (only the CPU run knows which results
-// exist), no Device arguments, and every written tensor a non-empty device
-// tensor (an empty one is to be resized) that overlaps neither itself nor,
-// partially, any input (the CPU raises there; the synchronous path raises
-// the same error). Sets *any_written if some tensor is written.
+// What both asynchronous paths require: not an op of flips_result_bits(), no
+// generator (random draws happen in program order), no output_mask (only the
+// CPU run knows which results exist), no Device arguments, and every written
+// tensor a non-empty device tensor (an empty one is to be resized) that
+// overlaps neither itself nor, partially, any input (the CPU raises there; the
+// synchronous path raises the same error). Sets *any_written if some tensor is
+// written.
 bool can_run_async(const c10::FunctionSchema& schema,
                    const torch::jit::Stack& stack, bool* any_written) {
   const auto& arg_schema = schema.arguments();
   const size_t num_args = arg_schema.size();
+  if (flips_result_bits(schema.operator_name())) {
+    return false;
+  }
   for (const c10::Argument& a : arg_schema) {
     if (is_generator_arg(a) || a.name() == "output_mask") {
       return false;
@@ -751,8 +778,11 @@ bool try_fallback_async_meta(const c10::OperatorHandle& op,
 // caches the verdict: the signature runs asynchronously from now on only if
 // every result matched in shape and dtype.
 void verify_meta_entry(PendingVerification verify,
-                       const torch::jit::Stack& stack, size_t ret_first) {
-  bool agrees = true;
+                       const torch::jit::Stack& stack, size_t ret_first,
+                       bool bits_changed) {
+  // A kernel that flips the conjugate/negative bit of an argument it writes
+  // changes host-side metadata: only the synchronous path can carry that.
+  bool agrees = !bits_changed;
   auto same = [](const at::Tensor& t, const OutSpec& spec, size_t i) {
     return t.defined() && t.sizes() == c10::IntArrayRef(spec.sizes[i]) &&
            t.scalar_type() == c10::typeMetaToScalarType(spec.dtypes[i].dtype());
@@ -866,6 +896,8 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     at::Tensor dev;
     at::Tensor view;
     void* base;
+    bool conj;
+    bool neg;
   };
   std::vector<Mutated> mutated;
 
@@ -894,7 +926,8 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       }
       at::Tensor view = views.view(t, may_resize);
       if (may_resize) {
-        mutated.push_back({t, view, view.storage().mutable_data()});
+        mutated.push_back({t, view, view.storage().mutable_data(),
+                           view.is_conj(), view.is_neg()});
       }
       return view;
     });
@@ -905,7 +938,10 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   });
 
+  bool bits_changed = false;
   for (const Mutated& m : mutated) {
+    bits_changed =
+        bits_changed || m.view.is_conj() != m.conj || m.view.is_neg() != m.neg;
     sync_mutated(m.dev, m.view, m.base);
   }
 
@@ -939,7 +975,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     v = map_tensors(v, convert);
   }
   if (verify.entry != nullptr) {
-    verify_meta_entry(std::move(verify), *stack, ret_first);
+    verify_meta_entry(std::move(verify), *stack, ret_first, bits_changed);
   }
 }
 
