@@ -673,3 +673,31 @@ def test_lu_solve_right_side_keeps_the_conjugate_bit(out):
                 result = torch.linalg.lu_solve(*dev, left=False)
             assert result.is_conj() == expected.is_conj()
             assert_close_cpu(result, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_group_norm_and_addr_run_the_cpu_kernel_in_half_precision(dtype):
+    """native_group_norm and addr have CompositeExplicitAutograd decompositions
+    that round half-precision intermediates separately; openreg sends them to
+    the CPU kernel, so results (and group norm's gradients) match bit for bit."""
+    x = randn(2, 6, 3, dtype=dtype, seed=1).requires_grad_()
+    w = randn(6, dtype=dtype, seed=2).requires_grad_()
+    b = randn(6, dtype=dtype, seed=3).requires_grad_()
+
+    def group_norm(x, w, b):
+        y = F.group_norm(x, 2, w, b, eps=0.5)
+        return y, torch.autograd.grad(y.sum(), (x, w, b))
+
+    check_against_cpu(group_norm, x, w, b, compare_kwargs={"rtol": 0, "atol": 0})
+    s, v1, v2 = (
+        randn(5, 5, dtype=dtype, seed=4),
+        randn(5, dtype=dtype, seed=5),
+        randn(5, dtype=dtype, seed=6),
+    )
+    check_against_cpu(
+        lambda s, v1, v2: torch.addr(s, v1, v2, beta=0.3, alpha=1.7),
+        s,
+        v1,
+        v2,
+        compare_kwargs={"rtol": 0, "atol": 0},
+    )

@@ -999,11 +999,15 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 // kernel then resizes, warning about it. Sending the functional op itself to
 // the fallback gives the CPU's behaviour.
 // Also ops whose generic kernel is a slower decomposition that rounds
-// differently from the CPU kernel (layer norm): the fallback runs the CPU
-// kernel itself, so results match the CPU exactly.
+// differently from the CPU kernel (layer norm; group norm, whose
+// math_group_norm rounds batch norm's output to the input dtype before a
+// separate addcmul applies weight and bias; addr, whose math_addr rounds
+// beta * self, outer(vec1, vec2) and their sum separately): the fallback runs
+// the CPU kernel itself, so results match the CPU exactly.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name :
-       {"mse_loss", "native_layer_norm", "native_layer_norm_backward"}) {
+       {"mse_loss", "native_layer_norm", "native_layer_norm_backward",
+        "native_group_norm", "addr", "addr.out"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&fallback>());
   }
 }
