@@ -701,3 +701,11 @@ def test_group_norm_and_addr_run_the_cpu_kernel_in_half_precision(dtype):
         v2,
         compare_kwargs={"rtol": 0, "atol": 0},
     )
+
+
+def test_sparse_result_raises_not_implemented():
+    """openreg has only strided tensors: an op whose CPU kernel returns a sparse
+    tensor raises NotImplementedError saying so."""
+    x = torch.eye(3, device="openreg")
+    with pytest.raises(NotImplementedError, match="only strided tensors.*_to_sparse"):
+        x.to_sparse()

@@ -952,6 +952,10 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (!t.defined() || !t.device().is_cpu()) {
       return t;
     }
+    TORCH_CHECK_NOT_IMPLEMENTED(t.layout() == c10::kStrided,
+                                "openreg supports only strided tensors, ",
+                                "but the CPU kernel of ", op_name(schema),
+                                " returned a ", t.layout(), " tensor");
     if (const c10::Storage* storage = views.device_storage_of(t)) {
       return device_alias(*storage, t);  // a view of an input
     }
