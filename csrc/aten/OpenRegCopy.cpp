@@ -12,6 +12,7 @@
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
 #include "memory/OpenRegAllocator.h"
+#include "profiler/OpenRegProfiler.h"
 
 namespace openreg {
 
@@ -47,6 +48,7 @@ bool try_async_pinned_copy(const at::Tensor& src, const at::Tensor& dst,
     return false;
   }
   const OpenRegStream stream = getCurrentStream(device);
+  const profiler::QueuedCopy trace(stream.unwrap(), kind_of(src, dst));
   OPENREG_CHECK(orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(),
                               dst.nbytes(), kind_of(src, dst),
                               stream.native()));

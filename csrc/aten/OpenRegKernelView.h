@@ -15,6 +15,7 @@
 
 #include "core/OpenRegException.h"
 #include "core/OpenRegStream.h"
+#include "profiler/OpenRegProfiler.h"
 
 namespace openreg {
 
@@ -77,6 +78,7 @@ void launch_async(c10::DeviceIndex device, std::string op,
 template <typename F>
 void run_sync(c10::DeviceIndex device, F&& kernel) {
   getCurrentStream(device).synchronize();
+  const profiler::InlineKernel trace(device);
   std::forward<F>(kernel)();
 }
 

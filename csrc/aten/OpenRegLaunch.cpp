@@ -16,6 +16,7 @@
 
 #include "aten/OpenRegKernelView.h"
 #include "core/OpenRegFunctions.h"
+#include "profiler/OpenRegProfiler.h"
 
 namespace openreg {
 
@@ -56,9 +57,11 @@ void launch_async(c10::DeviceIndex device, std::string op,
   OpenRegStream stream = getCurrentStream(device);
   if (launch_blocking()) {
     stream.synchronize();
+    const profiler::InlineKernel trace(device);
     kernel();
     return;
   }
+  const profiler::QueuedKernel trace(stream.unwrap(), op, kernel);
   auto* task =
       new KernelTask{std::move(kernel), std::move(op), stream.native()};
   orError_t err = orLaunchKernel(task->stream, &run_task, task);

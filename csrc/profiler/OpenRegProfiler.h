@@ -1,0 +1,113 @@
+// Device activity for the PyTorch profiler: the hooks the execution paths call.
+//
+// While a profiler session records (torch.profiler with
+// ProfilerActivity.PrivateUse1, or torch.autograd.profiler.profile with
+// use_device="openreg"), every piece of device work is timed where it really
+// runs (queued kernels on the stream's worker, inline work on the calling
+// thread) and tagged with the operator that launched it. OpenRegProfiler.cpp
+// hands the records to Kineto as device kernels.
+//
+// When no session records, each hook costs one relaxed atomic load and a
+// not-taken branch: no allocation, no lock, no clock read.
+//
+// Thread-safety: every hook may be called from any thread.
+#pragma once
+
+#include <c10/core/Stream.h>
+#include <c10/macros/Macros.h>
+#include <openreg.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace openreg::profiler {
+
+namespace detail {
+extern std::atomic<bool> g_recording;
+}  // namespace detail
+
+// True while a session records device activity.
+inline bool recording() noexcept {
+  return detail::g_recording.load(std::memory_order_relaxed);
+}
+
+// A kernel queued on `stream` (launch_async). Construct it before the
+// runtime call that enqueues the kernel and keep it alive until that call
+// has returned: it times the host side of the launch. While recording, the
+// constructor replaces `kernel` by a wrapper that times the kernel when the
+// worker runs it.
+class QueuedKernel {
+ public:
+  QueuedKernel(const c10::Stream& stream, const std::string& op,
+               std::function<void()>& kernel) {
+    if (C10_UNLIKELY(recording())) {
+      begin(stream, op, kernel);
+    }
+  }
+  ~QueuedKernel() {
+    if (C10_UNLIKELY(flow_ != 0)) {
+      end();
+    }
+  }
+  QueuedKernel(const QueuedKernel&) = delete;
+  QueuedKernel& operator=(const QueuedKernel&) = delete;
+
+ private:
+  void begin(const c10::Stream& stream, const std::string& op,
+             std::function<void()>& kernel);
+  void end() noexcept;
+  uint32_t flow_ = 0;
+};
+
+// A runtime copy queued on `stream` (orMemcpyAsync). Construct it right
+// before the runtime call and keep it alive until the call has returned:
+// while recording it enqueues a timestamp before and after the copy.
+class QueuedCopy {
+ public:
+  QueuedCopy(const c10::Stream& stream, orMemcpyKind kind) {
+    if (C10_UNLIKELY(recording())) {
+      begin(stream, kind);
+    }
+  }
+  ~QueuedCopy() {
+    if (C10_UNLIKELY(flow_ != 0)) {
+      end();
+    }
+  }
+  QueuedCopy(const QueuedCopy&) = delete;
+  QueuedCopy& operator=(const QueuedCopy&) = delete;
+
+ private:
+  void begin(const c10::Stream& stream, orMemcpyKind kind);
+  void end() noexcept;
+  uint32_t flow_ = 0;
+  orStream_t stream_ = nullptr;
+};
+
+// Device work run on the calling thread after its stream drained (run_sync,
+// OPENREG_LAUNCH_BLOCKING): the scope of the object is the kernel's span on
+// the device's current stream.
+class InlineKernel {
+ public:
+  explicit InlineKernel(c10::DeviceIndex device) {
+    if (C10_UNLIKELY(recording())) {
+      begin(device);
+    }
+  }
+  ~InlineKernel() {
+    if (C10_UNLIKELY(flow_ != 0)) {
+      end();
+    }
+  }
+  InlineKernel(const InlineKernel&) = delete;
+  InlineKernel& operator=(const InlineKernel&) = delete;
+
+ private:
+  void begin(c10::DeviceIndex device);
+  void end() noexcept;
+  uint32_t flow_ = 0;
+};
+
+}  // namespace openreg::profiler
