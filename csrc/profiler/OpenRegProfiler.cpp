@@ -260,6 +260,7 @@ const char* copy_name(orMemcpyKind kind) {
 // Hooks
 // ---------------------------------------------------------------------------
 
+// [doc:queued-kernel]
 void QueuedKernel::begin(const c10::Stream& stream, const std::string& op,
                          std::function<void()>& kernel) {
   const int64_t t = now_ns();
@@ -278,6 +279,7 @@ void QueuedKernel::end() noexcept {
   } catch (...) {  // a lock failure: the record keeps no host end
   }
 }
+// [/doc:queued-kernel]
 
 void QueuedCopy::begin(const c10::Stream& stream, orMemcpyKind kind) {
   const int64_t t = now_ns();
@@ -362,6 +364,7 @@ class Session final : public libkineto::IActivityProfilerSession {
 
   std::vector<std::string> errors() override { return {}; }
 
+  // [doc:correlation]
   // Kineto calls these on the operator's own thread as it starts and ends.
   void pushCorrelationId(uint64_t id) override {
     correlation_stack().push_back(id);
@@ -372,6 +375,7 @@ class Session final : public libkineto::IActivityProfilerSession {
       stack.pop_back();
     }
   }
+  // [/doc:correlation]
 
   void processTrace(libkineto::ActivityLogger& logger) override {
     processTrace(
