@@ -7,7 +7,9 @@
 //  2. replaces every openreg tensor by its kernel view (a CPU tensor over the
 //     same bytes), openreg generators by their CPU state, openreg devices by
 //     the CPU;
-//  3. runs the CPU kernel as device work (launch());
+//  3. runs the CPU kernel as device work: queued on the current stream
+//     (launch_async) when the output metadata is known without running it,
+//     otherwise after the stream drains (run_sync);
 //  4. maps results back: in-place and out= results are the original device
 //     arguments (resized if the kernel resized them), views of an input
 //     become device views of the same storage, new tensors are copied into

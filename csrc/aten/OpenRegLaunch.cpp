@@ -2,11 +2,13 @@
 //
 // Every stream is an in-order queue drained by a worker thread (the runtime's
 // orLaunchKernel). A kernel is a closure that captures what it needs *by
-// value*: device tensors as fresh tensor handles over the same storages (so
-// the memory stays alive until the kernel has run, and the worker never
-// touches Python objects), CPU tensors as snapshots. If it throws, the message
-// is kept per stream and raised, naming the op, at the next synchronization
-// of that stream or its device; the stream stays usable.
+// value*: device tensors as non-owning handles over the same memory
+// (borrowed_alias: a tensor freed on the host returns its block to the
+// caching allocator at once, which reuses it only in stream order, as CUDA's
+// does; the worker never touches Python objects), CPU tensors as snapshots.
+// If it throws, the message is kept per stream and raised, naming the op, at
+// the next synchronization of that stream or its device; the stream stays
+// usable.
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
