@@ -48,3 +48,29 @@ def test_sdpa_with_mask_and_with_dropout():
     torch.testing.assert_close(out_d.cpu(), out)
     dropped = F.scaled_dot_product_attention(q.to(D), k.to(D), v.to(D), dropout_p=0.5)
     assert dropped.shape == out.shape and torch.isfinite(dropped.cpu()).all()
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "heads_inner"])
+def test_sdpa_results_have_the_cpu_layout_and_run_queued(layout):
+    # The fused kernels are queued with results laid out as the CPU's (the
+    # output like the query, gradients from (batch, length, heads, dim)), so
+    # the operators after attention see the same strides as on the CPU.
+    g = torch.Generator().manual_seed(1)
+
+    def make(length):
+        if layout == "contiguous":
+            return torch.randn(2, 4, length, 16, generator=g)
+        return torch.randn(2, length, 4, 16, generator=g).transpose(1, 2)
+
+    q, k, v = make(8), make(10), make(10)
+    grad = torch.randn(2, 4, 8, 16, generator=g)
+    results = {}
+    for device in ("cpu", "openreg"):
+        qd, kd, vd = (t.to(device).requires_grad_() for t in (q, k, v))
+        assert qd.stride() == q.stride() and kd.stride() == k.stride()
+        out = F.scaled_dot_product_attention(qd, kd, vd)
+        out.backward(grad.to(device))
+        results[device] = (out, qd.grad, kd.grad, vd.grad)
+    for c, d in zip(results["cpu"], results["openreg"], strict=True):
+        assert d.stride() == c.stride()
+        assert torch.equal(d.cpu(), c)

@@ -9,7 +9,10 @@
 //  - the overrideable kernels
 //  `_scaled_dot_product_fused_attention_overrideable`
 //    and its backward, which run the CPU flash-attention kernels on the kernel
-//    views. Results are therefore the CPU's, bit for bit.
+//    views. Results are therefore the CPU's, bit for bit. When the inputs
+//    pass the CPU kernel's checks (done on the host), the kernel is queued
+//    on the stream with results laid out as the CPU lays them out.
+#include <ATen/OpMathType.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/native/transformers/attention.h>
@@ -18,6 +21,7 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -51,6 +55,33 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
              : static_cast<int64_t>(at::SDPBackend::math);
 }
 
+// True if the CPU flash kernel accepts these inputs (its own checks, done
+// on the host): then the results' metadata is known and the kernel can be
+// queued. Anything else runs synchronously, so the CPU's error is raised at
+// the call.
+bool flash_accepts(const at::Tensor& q, const at::Tensor& k,
+                   const at::Tensor& v, const std::optional<at::Tensor>& mask,
+                   double dropout_p) {
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || dropout_p != 0.0) {
+    return false;
+  }
+  const bool same_shape = q.size(0) == k.size(0) && k.size(0) == v.size(0) &&
+                          q.size(1) == k.size(1) && k.size(1) == v.size(1) &&
+                          k.size(2) == v.size(2) && q.size(3) == k.size(3) &&
+                          k.size(3) == v.size(3);
+  const bool same_dtype = q.scalar_type() == k.scalar_type() &&
+                          k.scalar_type() == v.scalar_type() &&
+                          at::isFloatingType(q.scalar_type());
+  const bool mask_ok = !mask.has_value() || !mask->defined() ||
+                       ((mask->dim() == 2 || mask->dim() == 4) &&
+                        (mask->scalar_type() == at::kFloat ||
+                         mask->scalar_type() == q.scalar_type()));
+  return same_shape && same_dtype && mask_ok;
+}
+
+// Queued with results laid out as the CPU kernel lays them out (output like
+// the query, logsumexp and gradients from (batch, length, heads, ...)
+// buffers), so later operators see the CPU's strides too.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt,
            c10::SymInt, at::Tensor, at::Tensor, at::Tensor>
 fused_attention(const at::Tensor& query, const at::Tensor& key,
@@ -58,23 +89,57 @@ fused_attention(const at::Tensor& query, const at::Tensor& key,
                 const std::optional<at::Tensor>& attn_bias, double dropout_p,
                 bool is_causal, bool /*return_debug_mask*/,
                 std::optional<double> scale) {
-  const c10::DeviceGuard guard(query.device());
+  const c10::Device device = query.device();
+  const c10::DeviceGuard guard(device);
+  const bool has_mask = attn_bias.has_value() && attn_bias->defined();
   at::Tensor out;
   at::Tensor logsumexp;
-  run_sync(query.device().index(), [&] {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    KernelViews views;
+  if (flash_accepts(query, key, value, attn_bias, dropout_p)) {
+    out = at::empty_like(query);
+    logsumexp =
+        at::empty({query.size(0), query.size(2), query.size(1)},
+                  query.options().dtype(at::toOpMathType(query.scalar_type())))
+            .transpose(1, 2);
     std::optional<at::Tensor> mask;
-    if (attn_bias.has_value() && attn_bias->defined()) {
-      mask = views.view(*attn_bias);
+    if (has_mask) {
+      mask = borrowed_alias(*attn_bias);
     }
-    std::tie(out, logsumexp) = at::_scaled_dot_product_flash_attention_for_cpu(
-        views.view(query), views.view(key), views.view(value), dropout_p,
-        is_causal, mask, scale);
-  });
-  const c10::Device device = query.device();
-  return {copy_to_device(out, device),
-          copy_to_device(logsumexp, device),
+    launch_async(
+        device.index(),
+        "aten::_scaled_dot_product_fused_attention_overrideable",
+        [q = borrowed_alias(query), k = borrowed_alias(key),
+         v = borrowed_alias(value), mask, o = borrowed_alias(out),
+         lse = borrowed_alias(logsumexp), dropout_p, is_causal, scale]() {
+          at::AutoDispatchBelowADInplaceOrView below_autograd;
+          KernelViews views;
+          std::optional<at::Tensor> m;
+          if (mask.has_value()) {
+            m = views.view(*mask);
+          }
+          auto [ro, rl] = at::_scaled_dot_product_flash_attention_for_cpu(
+              views.view(q), views.view(k), views.view(v), dropout_p, is_causal,
+              m, scale);
+          views.view(o).copy_(ro);
+          views.view(lse).copy_(rl);
+        });
+  } else {
+    run_sync(device.index(), [&] {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      KernelViews views;
+      std::optional<at::Tensor> mask;
+      if (has_mask) {
+        mask = views.view(*attn_bias);
+      }
+      std::tie(out, logsumexp) =
+          at::_scaled_dot_product_flash_attention_for_cpu(
+              views.view(query), views.view(key), views.view(value), dropout_p,
+              is_causal, mask, scale);
+    });
+    out = copy_to_device(out, device);
+    logsumexp = copy_to_device(logsumexp, device);
+  }
+  return {out,
+          logsumexp,
           at::Tensor(),
           at::Tensor(),
           c10::SymInt(0),
@@ -96,13 +161,59 @@ fused_attention_backward(
   TORCH_CHECK(!grad_input_mask[3],
               "openreg's fused attention does not differentiate the mask "
               "(such calls take the math backend)");
-  const c10::DeviceGuard guard(query.device());
+  const c10::Device device = query.device();
+  const c10::DeviceGuard guard(device);
+  const bool has_mask = attn_bias.defined();
+  if (grad_out.defined() &&
+      flash_accepts(
+          query, key, value,
+          has_mask ? std::optional<at::Tensor>(attn_bias) : std::nullopt,
+          dropout_p)) {
+    // The CPU kernel writes each gradient through a (batch, length, heads,
+    // head size) buffer viewed as (batch, heads, length, head size).
+    auto grad_like = [](const at::Tensor& t) {
+      return at::empty({t.size(0), t.size(2), t.size(1), t.size(3)},
+                       t.options())
+          .transpose(1, 2);
+    };
+    at::Tensor gq = grad_like(query);
+    at::Tensor gk = grad_like(key);
+    at::Tensor gv = grad_like(value);
+    std::optional<at::Tensor> mask;
+    if (has_mask) {
+      mask = borrowed_alias(attn_bias);
+    }
+    launch_async(
+        device.index(),
+        "aten::_scaled_dot_product_fused_attention_overrideable_backward",
+        [go = borrowed_alias(grad_out), q = borrowed_alias(query),
+         k = borrowed_alias(key), v = borrowed_alias(value),
+         o = borrowed_alias(out), lse = borrowed_alias(logsumexp), mask,
+         rq = borrowed_alias(gq), rk = borrowed_alias(gk),
+         rv = borrowed_alias(gv), dropout_p, is_causal, scale]() {
+          at::AutoDispatchBelowADInplaceOrView below_autograd;
+          KernelViews views;
+          std::optional<at::Tensor> m;
+          if (mask.has_value()) {
+            m = views.view(*mask);
+          }
+          auto [cq, ck, cv] =
+              at::_scaled_dot_product_flash_attention_for_cpu_backward(
+                  views.view(go), views.view(q), views.view(k), views.view(v),
+                  views.view(o), views.view(lse), dropout_p, is_causal, m,
+                  scale);
+          views.view(rq).copy_(cq);
+          views.view(rk).copy_(ck);
+          views.view(rv).copy_(cv);
+        });
+    return {gq, gk, gv, at::Tensor()};
+  }
   at::Tensor gq, gk, gv;
-  run_sync(query.device().index(), [&] {
+  run_sync(device.index(), [&] {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     KernelViews views;
     std::optional<at::Tensor> mask;
-    if (attn_bias.defined()) {
+    if (has_mask) {
       mask = views.view(attn_bias);
     }
     std::tie(gq, gk, gv) =
@@ -111,7 +222,6 @@ fused_attention_backward(
             views.view(value), views.view(out), views.view(logsumexp),
             dropout_p, is_causal, mask, scale);
   });
-  const c10::Device device = query.device();
   return {copy_to_device(gq, device), copy_to_device(gk, device),
           copy_to_device(gv, device), at::Tensor()};
 }

@@ -327,12 +327,13 @@ torch::jit::Stack run_cpu_kernel(const c10::OperatorHandle& op,
 }
 
 // What both asynchronous paths require: not an op of flips_result_bits(), no
-// generator (random draws happen in program order), no output_mask (only the
-// CPU run knows which results exist), no Device arguments, and every written
-// tensor a non-empty device tensor (an empty one is to be resized) that
-// overlaps neither itself nor, partially, any input (the CPU raises there; the
-// synchronous path raises the same error). Sets *any_written if some tensor is
-// written.
+// generator (random draws happen in program order), no Device arguments, and
+// every written tensor a non-empty device tensor (an empty one is to be
+// resized) that overlaps neither itself nor, partially, any input (the CPU
+// raises there; the synchronous path raises the same error). Sets
+// *any_written if some tensor is written. Ops with an output_mask qualify:
+// the mask is part of the meta path's signature, and the first CPU run
+// checks which results the meta kernel said exist.
 bool can_run_async(const c10::FunctionSchema& schema,
                    const torch::jit::Stack& stack, bool* any_written) {
   const auto& arg_schema = schema.arguments();
@@ -341,7 +342,7 @@ bool can_run_async(const c10::FunctionSchema& schema,
     return false;
   }
   for (const c10::Argument& a : arg_schema) {
-    if (is_generator_arg(a) || a.name() == "output_mask") {
+    if (is_generator_arg(a)) {
       return false;
     }
   }
