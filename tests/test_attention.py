@@ -66,7 +66,7 @@ def test_sdpa_results_have_the_cpu_layout_and_run_queued(layout):
     grad = torch.randn(2, 4, 8, 16, generator=g)
     results = {}
     for device in ("cpu", "openreg"):
-        qd, kd, vd = (t.to(device).requires_grad_() for t in (q, k, v))
+        qd, kd, vd = (t.detach().to(device).requires_grad_() for t in (q, k, v))
         assert qd.stride() == q.stride() and kd.stride() == k.stride()
         out = F.scaled_dot_product_attention(qd, kd, vd)
         out.backward(grad.to(device))
