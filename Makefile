@@ -66,11 +66,11 @@ bench: build
 
 format: setup
 	clang-format -i $(CPP_SOURCES) $(shell find runtime/tests -name '*.cpp')
-	$(VENV)/bin/ruff format torch_openreg tests benchmarks examples setup.py
+	$(VENV)/bin/ruff format torch_openreg tests benchmarks examples scripts setup.py
 
 lint: setup
 	clang-format --dry-run --Werror $(CPP_SOURCES)
-	$(VENV)/bin/ruff check torch_openreg tests benchmarks examples setup.py
+	$(VENV)/bin/ruff check torch_openreg tests benchmarks examples scripts setup.py
 
 clean:
 	rm -rf build torch_openreg/_C*.so
