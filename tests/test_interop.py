@@ -131,6 +131,20 @@ def test_model_and_optimizer_state_roundtrip_with_weights_only(device):
         assert torch.equal(a.cpu(), b.cpu())
 
 
+def test_whole_module_roundtrip_and_map_location():
+    # Pickling a whole module needs weights_only=False (arbitrary classes).
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh()).to(D1)
+    x = torch.randn(2, 3)
+    loaded = _roundtrip(model, weights_only=False)
+    assert next(loaded.parameters()).device == torch.device(D1)
+    assert torch.equal(loaded(x.to(D1)).cpu(), model(x.to(D1)).cpu())
+    on0 = _roundtrip(model, weights_only=False, map_location=D0)
+    assert all(p.device == torch.device(D0) for p in on0.parameters())
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        _roundtrip(model, weights_only=True)
+
+
 def test_map_location_dict_and_callable_move_between_devices():
     sd = {"a": torch.arange(3.0, device=D1), "b": torch.arange(2.0, device=D0)}
     moved = _roundtrip(sd, weights_only=True, map_location={D1: D0})
