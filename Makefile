@@ -4,6 +4,7 @@
 #   make demo         set up, build, train a model on openreg (progress bar)
 #   make test         set up, build, run the runtime gtests and the pytest suite
 #   make bench        set up, build, run the openreg/CPU benchmarks
+#   make opinfo       set up, build, the full OpInfo differential run
 #   make format lint  clang-format + ruff
 #
 # Variables: BUILD_TYPE (Release), SANITIZE (e.g. address,undefined), PYTHON.
@@ -21,7 +22,7 @@ export OPENREG_BUILD_DIR := $(abspath $(BUILD_DIR))
 
 CPP_SOURCES := $(shell find runtime csrc -name '*.cpp' -o -name '*.h')
 
-.PHONY: all setup build demo test test-runtime test-runtime-asan test-python bench format lint clean
+.PHONY: all setup build demo test test-runtime test-runtime-asan test-python bench opinfo format lint clean
 
 all: build
 
@@ -63,6 +64,11 @@ test-runtime-asan:
 
 bench: build
 	$(PY) benchmarks/bench.py
+
+# Every OpInfo of PyTorch's op database, every CPU dtype, forward and
+# gradients, openreg vs CPU (~6 min); report in build/opinfo-report.md.
+opinfo: build
+	$(PY) -m tests.opinfo.harness --grad --report build/opinfo-report.md
 
 format: setup
 	clang-format -i $(CPP_SOURCES) $(shell find runtime/tests -name '*.cpp')
