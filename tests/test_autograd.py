@@ -257,3 +257,27 @@ def test_recurrent_layers_match_cpu(cls):
     loss_cpu.backward()
     loss_dev.backward()
     _compare_models(cpu_model, dev_model)
+
+
+@pytest.mark.parametrize("input_cl, weight_cl", [(False, False), (True, False), (False, True)])
+def test_conv_channels_last_layouts_match_cpu(input_cl, weight_cl):
+    # Output and gradients take the CPU's memory format (channels_last when
+    # the input or the weight is), with the CPU's values.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 9, 9, generator=g)
+    w = torch.randn(6, 4, 3, 3, generator=g)
+    if input_cl:
+        x = x.to(memory_format=torch.channels_last)
+    if weight_cl:
+        w = w.to(memory_format=torch.channels_last)
+    grad = torch.randn(2, 6, 9, 9, generator=g)
+    results = {}
+    for device in ("cpu", "openreg"):
+        xd = x.detach().to(device).requires_grad_()
+        wd = w.detach().to(device).requires_grad_()
+        out = torch.nn.functional.conv2d(xd, wd, padding=1)
+        out.backward(grad.to(device))
+        results[device] = (out, xd.grad, wd.grad)
+    for c, d in zip(results["cpu"], results["openreg"], strict=True):
+        assert d.stride() == c.stride()
+        torch.testing.assert_close(d.cpu(), c)

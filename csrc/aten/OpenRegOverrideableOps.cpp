@@ -35,6 +35,24 @@ void check_same_device(const at::Tensor& a, const at::Tensor& b,
               a.device(), " and ", b.device(), "! (when checking ", what, ")");
 }
 
+// The memory format of the CPU convolution's results (output, input and
+// weight gradients): channels-last when the input or the weight is, as the
+// CPU (and cuDNN) choose, so models converted to channels_last keep it.
+at::MemoryFormat conv_memory_format(const at::Tensor& input,
+                                    const at::Tensor& weight) {
+  auto is = [&](at::MemoryFormat f) {
+    return input.suggest_memory_format() == f ||
+           weight.suggest_memory_format() == f;
+  };
+  if (input.dim() == 4 && is(at::MemoryFormat::ChannelsLast)) {
+    return at::MemoryFormat::ChannelsLast;
+  }
+  if (input.dim() == 5 && is(at::MemoryFormat::ChannelsLast3d)) {
+    return at::MemoryFormat::ChannelsLast3d;
+  }
+  return at::MemoryFormat::Contiguous;
+}
+
 at::Tensor convolution_overrideable(
     const at::Tensor& input, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
@@ -67,7 +85,9 @@ at::Tensor convolution_overrideable(
                      std::all_of(out_size.begin(), out_size.end(),
                                  [](int64_t d) { return d > 0; });
   if (known) {
-    at::Tensor out = at::empty(out_size, input.options());
+    at::Tensor out = at::empty(
+        out_size,
+        input.options().memory_format(conv_memory_format(input, weight)));
     std::vector<int64_t> s(stride.begin(), stride.end());
     std::vector<int64_t> p(padding.begin(), padding.end());
     std::vector<int64_t> d(dilation.begin(), dilation.end());
@@ -122,10 +142,15 @@ convolution_backward_overrideable(
     bias_sizes.push_back(transposed ? weight.size(1) * groups : weight.size(0));
   }
   // Gradient shapes are those of input, weight and bias: queued.
+  const at::MemoryFormat format = conv_memory_format(input, weight);
   at::Tensor gi =
-      output_mask[0] ? at::empty(input.sizes(), input.options()) : at::Tensor();
-  at::Tensor gw = output_mask[1] ? at::empty(weight.sizes(), weight.options())
-                                 : at::Tensor();
+      output_mask[0]
+          ? at::empty(input.sizes(), input.options().memory_format(format))
+          : at::Tensor();
+  at::Tensor gw =
+      output_mask[1]
+          ? at::empty(weight.sizes(), weight.options().memory_format(format))
+          : at::Tensor();
   at::Tensor gb =
       output_mask[2] ? at::empty(bias_sizes, weight.options()) : at::Tensor();
   auto borrow = [](const at::Tensor& t) {
