@@ -709,3 +709,23 @@ def test_sparse_result_raises_not_implemented():
     x = torch.eye(3, device="openreg")
     with pytest.raises(NotImplementedError, match="only strided tensors.*_to_sparse"):
         x.to_sparse()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32])
+def test_relu_is_the_cpu_composition(dtype):
+    # relu is registered as the CPU's own composition (clamp_min), so it runs
+    # queued on device outputs with the CPU's values, NaN and -0.0 included.
+    x = torch.tensor([float("nan"), -0.0, 0.0, -1.5, 2.5, 7.0]).to(dtype)
+    d = x.to("openreg")
+
+    def same(a, b):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+        if dtype.is_floating_point:
+            assert torch.equal(a.signbit(), b.signbit())
+
+    same(torch.relu(d).cpu(), torch.relu(x))
+    y = d.clone()
+    assert y.relu_() is y
+    same(y.cpu(), torch.relu(x))
+    with pytest.raises(RuntimeError, match="Boolean inputs not supported for relu"):
+        torch.relu(torch.ones(2, dtype=torch.bool, device="openreg"))
