@@ -186,6 +186,8 @@ def test_dlpack_keeps_device_and_memory():
         assert y.data_ptr() == x.data_ptr()
         y[0, 0] = 42.0
         assert x[0, 0].item() == 42.0
+    p = torch.nn.Parameter(torch.ones(2, device=D1))
+    assert p.__dlpack_device__() == (DLDeviceType.kDLExtDev, 1)
     # CPU tensors are untouched by openreg.
     assert torch.ones(2).__dlpack_device__() == (DLDeviceType.kDLCPU, 0)
 

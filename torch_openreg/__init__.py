@@ -46,16 +46,21 @@ def _fix_dlpack_device() -> None:
     original = torch.Tensor.__dlpack_device__
     if getattr(original, "_openreg_fixed", False):
         return
+    from torch.overrides import has_torch_function_unary
     from torch.utils.dlpack import DLDeviceType
 
     def __dlpack_device__(self):  # noqa: N807  (the protocol's name)
-        if type(self) is torch.Tensor and self.device.type == BACKEND_NAME:
+        # Subclasses that override torch functions go to PyTorch, which
+        # dispatches them; every other openreg tensor (Parameter too) is ours.
+        if self.device.type == BACKEND_NAME and not has_torch_function_unary(self):
             return (DLDeviceType.kDLExtDev, self.device.index)
         return original(self)
 
     __dlpack_device__._openreg_fixed = True
     __dlpack_device__.__doc__ = original.__doc__
     torch.Tensor.__dlpack_device__ = __dlpack_device__
+
+
 # [/doc:dlpack-device]
 
 
