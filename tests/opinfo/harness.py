@@ -430,17 +430,28 @@ def check_forward(op, sample):
         expected = _call(op, *cpu)
     except Exception as exc:  # noqa: BLE001
         return "skip", cpu_raises(exc)
+    return run_and_compare(
+        lambda: _call(op, sample.input, sample.args, sample.kwargs), expected, (cpu, expected)
+    )
+
+
+def run_and_compare(run_device, expected, cpu_objs, path="result"):
+    """Runs the openreg side, waits for it, and compares with `expected`.
+
+    A failure is a skip when openreg rejects a sparse tensor the CPU run
+    used (`cpu_objs`); a pending kernel error is drained either way.
+    """
     try:
-        actual = _call(op, sample.input, sample.args, sample.kwargs)
+        actual = run_device()
         synchronize()
     except Exception as exc:  # noqa: BLE001
         _drain()
-        reason = sparse_skip(exc, cpu, expected)
+        reason = sparse_skip(exc, *cpu_objs)
         if reason is not None:
             return "skip", reason
         return "fail", first_line(exc)
     try:
-        compare(actual, expected)
+        compare(actual, expected, path)
     except AssertionError as exc:
         return "fail", mismatch_text(exc)
     except Exception as exc:  # noqa: BLE001
@@ -517,23 +528,9 @@ def check_grad(op, sample):
             "no differentiable input/output: no floating/complex output with a grad_fn "
             "(it is an input itself, or integer/boolean)"
         )
-    try:
-        actual = _grad_once(op, sample, dev)
-        synchronize()
-    except Exception as exc:  # noqa: BLE001
-        _drain()
-        reason = sparse_skip(exc, cpu, cpu_sparse_outputs)
-        if reason is not None:
-            return "skip", reason
-        return "fail", first_line(exc)
-    try:
-        compare(actual, expected, "grad")
-    except AssertionError as exc:
-        return "fail", mismatch_text(exc)
-    except Exception as exc:  # noqa: BLE001
-        _drain()
-        return "fail", f"comparing: {first_line(exc)}"
-    return "pass", ""
+    return run_and_compare(
+        lambda: _grad_once(op, sample, dev), expected, (cpu, cpu_sparse_outputs), "grad"
+    )
 
 
 # ---------------------------------------------------------------------------
