@@ -3,9 +3,9 @@
 
 A quote in a page is a marker comment followed directly by a fenced block:
 
-    <!-- quote: csrc/core/OpenRegHooks.cpp#hooks-register -->
+    <!-- quote: csrc/hooks/OpenRegHooks.cpp#hooks-register -->
     ```cpp
-    // csrc/core/OpenRegHooks.cpp
+    // csrc/hooks/OpenRegHooks.cpp
     ...the lines of the region...
     ```
 

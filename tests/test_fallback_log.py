@@ -1,5 +1,5 @@
-"""The CPU fallback names the operators it serves: a query, and a warning
-once per operator that can be silenced."""
+"""The CPU fallback names the operators it serves: a query, and an opt-in
+notice once per operator (quiet by default)."""
 
 import torch
 
@@ -10,11 +10,29 @@ def test_fallback_ops_lists_operators_that_ran():
     assert any("erfcx" in name for name in torch.openreg.fallback_ops())
 
 
+def test_quiet_by_default(py):
+    out = py(
+        """
+        import warnings, torch
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            x = torch.randn(4, device="openreg")
+            print(x)
+            torch.special.i0e(x).sum().item()
+        print(len(caught))
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "0"
+    assert "CPU fallback" not in out.stderr
+
+
 def test_warning_once_per_operator_and_silencing(py):
     out = py(
         """
         import warnings, torch
         x = torch.randn(4, device="openreg")
+        torch.openreg.set_fallback_warnings(True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.special.i0e(x); torch.special.i0e(x)

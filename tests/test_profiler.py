@@ -33,16 +33,23 @@ def _ops(prof, name):
 def _operands(device=D):
     x = torch.randn(64, 64, device=device)
     y = torch.randn(64, 64, device=device)
-    # Warm up: an operator's first call checks its output metadata
-    # synchronously; later calls are queued kernels.
-    (x @ y, x + y)
+    # Warm up: the first call of a signature runs synchronously (the host
+    # learns its checks and results); later calls are queued kernels.
+    (x @ y, x + y, x + x, x * 2)
     torch.openreg.synchronize(x.device)
     return x, y
 
 
 def _linked_ops(prof):
     """kernel name -> names of the CPU operators it is linked to."""
-    by_id = {e.id: e.name for e in prof.events() if e.device_type == DeviceType.CPU}
+    # Runtime activities (orLaunchKernel, ...) number their ids apart from the
+    # operators' correlation ids: only operators are link targets.
+    runtime = {"orLaunchKernel", "orMemcpyAsync", "run_sync"}
+    by_id = {
+        e.id: e.name
+        for e in prof.events()
+        if e.device_type == DeviceType.CPU and e.name not in runtime
+    }
     out = {}
     for k in _kernels(prof):
         out.setdefault(k.name, set()).add(by_id.get(k.linked_correlation_id))

@@ -26,6 +26,7 @@
 #include <torch/library.h>
 
 #include "aten/OpenRegKernelView.h"
+#include "aten/OpenRegLaunch.h"
 
 namespace openreg {
 

@@ -9,10 +9,11 @@
 #include <torch/library.h>
 
 #include "aten/OpenRegKernelView.h"
+#include "aten/OpenRegLaunch.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
 #include "memory/OpenRegAllocator.h"
-#include "profiler/OpenRegProfiler.h"
+#include "memory/OpenRegMemcpy.h"
 
 namespace openreg {
 
@@ -48,10 +49,8 @@ bool try_async_pinned_copy(const at::Tensor& src, const at::Tensor& dst,
     return false;
   }
   const OpenRegStream stream = getCurrentStream(device);
-  const profiler::QueuedCopy trace(stream.unwrap(), kind_of(src, dst));
-  OPENREG_CHECK(orMemcpyAsync(dst.data_ptr(), src.const_data_ptr(),
-                              dst.nbytes(), kind_of(src, dst),
-                              stream.native()));
+  memcpy_on_stream(dst.data_ptr(), src.const_data_ptr(), dst.nbytes(),
+                   kind_of(src, dst), stream);
   host_allocator()->record_event(host.storage().mutable_data(),
                                  host.storage().data_ptr().get_context(),
                                  stream.unwrap());
@@ -108,8 +107,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
     // Tensors sharing memory take the kernel path, whose TensorIterator
     // rejects partial overlap exactly as the CPU does.
     if (can_memcpy(self, dst) && !self.storage().is_alias_of(dst.storage())) {
-      OPENREG_CHECK(orMemcpy(dst.data_ptr(), self.const_data_ptr(),
-                             dst.nbytes(), kind_of(self, dst)));
+      memcpy_blocking(dst.data_ptr(), self.const_data_ptr(), dst.nbytes(),
+                      kind_of(self, dst), getCurrentStream(device));
       return;
     }
     // General case: PyTorch's CPU copy kernel over the kernel views handles

@@ -7,6 +7,9 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
 
+#include "core/OpenRegException.h"
+#include "memory/OpenRegMemcpy.h"
+
 namespace openreg {
 
 void* kernel_base(const c10::Storage& storage) {
@@ -36,27 +39,40 @@ at::Tensor make_view(const c10::Storage& cpu_storage, const at::Tensor& t) {
 
 at::Tensor KernelViews::view(const at::Tensor& t, bool resizable) {
   TORCH_INTERNAL_ASSERT(t.device().type() == c10::DeviceType::PrivateUse1);
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+  Entry* entry = nullptr;
   for (Entry& e : entries_) {
     if (e.device == key) {
-      if (resizable && !e.cpu_storage.resizable()) {
-        // The allocator first: a resizable storage must have one.
-        e.cpu_storage.unsafeGetStorageImpl()->set_allocator(
-            c10::GetCPUAllocator());
-        e.cpu_storage.unsafeGetStorageImpl()->set_resizable(true);
-      }
-      return make_view(e.cpu_storage, t);
+      entry = &e;
+      break;
     }
   }
-  const c10::Storage& storage = t.storage();
-  void* base = kernel_base(storage);
-  // Non-owning: the device tensor keeps the memory alive.
-  c10::DataPtr data(base, c10::Device(c10::DeviceType::CPU));
-  c10::Storage cpu_storage(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), storage.nbytes(), std::move(data),
-      resizable ? c10::GetCPUAllocator() : nullptr, resizable));
-  entries_.push_back({key, storage, cpu_storage, base});
-  return make_view(cpu_storage, t);
+  if (entry == nullptr) {
+    const c10::Storage& storage = t.storage();
+    void* base = kernel_base(storage);
+    // Non-owning: the device tensor keeps the memory alive.
+    c10::DataPtr data(base, c10::Device(c10::DeviceType::CPU));
+    c10::Storage cpu_storage(c10::make_intrusive<c10::StorageImpl>(
+        c10::StorageImpl::use_byte_size_t(), storage.nbytes(), std::move(data),
+        nullptr, false));
+    entries_.push_back({key, storage, cpu_storage, base});
+    entry = &entries_.back();
+  }
+  if (resizable && !entry->cpu_storage.resizable()) {
+    // The allocator first: a resizable storage must have one.
+    entry->cpu_storage.unsafeGetStorageImpl()->set_allocator(
+        c10::GetCPUAllocator());
+    entry->cpu_storage.unsafeGetStorageImpl()->set_resizable(true);
+  }
+  for (const auto& [seen, v] : views_) {
+    if (seen == impl) {
+      return v;
+    }
+  }
+  at::Tensor v = make_view(entry->cpu_storage, t);
+  views_.emplace_back(impl, v);
+  return v;
 }
 
 const c10::Storage* KernelViews::device_storage_of(
@@ -82,11 +98,6 @@ at::Tensor borrowed_alias(const at::Tensor& t) {
   return device_alias(borrowed, t);
 }
 
-at::Tensor kernel_view(const at::Tensor& t, bool resizable) {
-  KernelViews views;
-  return views.view(t, resizable);
-}
-
 at::Tensor copy_to_device(const at::Tensor& cpu, c10::Device device) {
   if (cpu._is_zerotensor()) {
     // An autograd "efficient zero" tensor has no memory: make real zeros.
@@ -95,12 +106,9 @@ at::Tensor copy_to_device(const at::Tensor& cpu, c10::Device device) {
   at::Tensor src = cpu.is_non_overlapping_and_dense() ? cpu : cpu.contiguous();
   at::Tensor out = at::empty_strided(src.sizes(), src.strides(),
                                      src.options().device(device));
-  if (src.numel() != 0) {
-    // Ordered on the current stream; a pageable source makes it synchronous.
-    OPENREG_CHECK(orMemcpyAsync(out.data_ptr(), src.const_data_ptr(),
-                                src.nbytes(), orMemcpyHostToDevice,
-                                getCurrentStream(device.index()).native()));
-  }
+  // Ordered on the current stream; a pageable source makes it synchronous.
+  memcpy_on_stream(out.data_ptr(), src.const_data_ptr(), src.nbytes(),
+                   orMemcpyHostToDevice, getCurrentStream(device.index()));
   out._set_conj(src.is_conj());
   out._set_neg(src.is_neg());
   return out;

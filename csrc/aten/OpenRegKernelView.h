@@ -1,4 +1,6 @@
-// How kernels reach device memory.
+// How kernels reach device memory. SIMULATOR ONLY: a real device's kernels
+// read device memory themselves; a vendor replaces kernel views by its own
+// kernels (see docs/operators.md).
 //
 // A kernel body sees each device tensor as a CPU tensor over the kernel view
 // of the same bytes (same sizes, strides, storage offset): PyTorch's CPU
@@ -8,14 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Stream.h>
 
-#include <functional>
-#include <string>
-#include <utility>
 #include <vector>
-
-#include "core/OpenRegException.h"
-#include "core/OpenRegStream.h"
-#include "profiler/OpenRegProfiler.h"
 
 namespace openreg {
 
@@ -25,10 +20,12 @@ void* kernel_base(const c10::Storage& storage);
 // The kernel views of one kernel launch.
 //
 // Each device tensor becomes a CPU tensor aliasing its device memory through
-// the kernel view. Tensors that share a device storage get views that share
-// one CPU storage, so PyTorch's overlap checks see the aliasing exactly as on
-// the CPU. A view made `resizable` (an out= argument) may be grown by the
-// kernel: it then moves to host memory and the caller must copy it back.
+// the kernel view. One device tensor gives one view however often it is
+// passed (so a CPU kernel's `out.is_same(self)` holds as on the CPU), and
+// tensors that share a device storage get views that share one CPU storage,
+// so PyTorch's overlap checks see the aliasing exactly as on the CPU. A view
+// made `resizable` (an out= argument) may be grown by the kernel: it then
+// moves to host memory and the caller must copy it back.
 class KernelViews {
  public:
   at::Tensor view(const at::Tensor& t, bool resizable = false);
@@ -45,14 +42,13 @@ class KernelViews {
     void* base;  // kernel address the CPU storage started at
   };
   std::vector<Entry> entries_;
+  // One view per device TensorImpl.
+  std::vector<std::pair<c10::TensorImpl*, at::Tensor>> views_;
 };
 
 // A device tensor over the same memory and metadata as `t` that does not own
 // the memory (what an asynchronous kernel captures).
 at::Tensor borrowed_alias(const at::Tensor& t);
-
-// A single kernel view (for a launch with one device tensor).
-at::Tensor kernel_view(const at::Tensor& t, bool resizable = false);
 
 // Copies a CPU tensor made by a kernel into new memory on `device`, ordered
 // on the device's current stream.
@@ -61,33 +57,5 @@ at::Tensor copy_to_device(const at::Tensor& cpu, c10::Device device);
 // A device tensor over `storage` with the metadata (sizes, strides, offset,
 // dtype, conj/neg bits) of `like`, a kernel view of that same storage.
 at::Tensor device_alias(const c10::Storage& storage, const at::Tensor& like);
-
-// How device work runs (see OpenRegLaunch.cpp for the model).
-//
-// launch_async() enqueues `kernel` on the current stream of `device` and
-// returns: it runs later on the stream's worker, in stream order. `op` names
-// it if it throws; the error is raised at the next synchronization.
-// With OPENREG_LAUNCH_BLOCKING=1 every launch runs at once and waits.
-void launch_async(c10::DeviceIndex device, std::string op,
-                  std::function<void()> kernel);
-
-// run_sync() is for work whose result the host needs now (copies to the
-// host, ops whose output shape depends on the data, ops returning scalars):
-// it waits for the stream's queued work (raising any deferred error), then
-// runs `kernel` on the calling thread.
-template <typename F>
-void run_sync(c10::DeviceIndex device, F&& kernel) {
-  getCurrentStream(device).synchronize();
-  const profiler::InlineKernel trace(device);
-  std::forward<F>(kernel)();
-}
-
-// The operators that have run through the CPU fallback so far, and the
-// switch for its once-per-operator warning (OpenRegFallback.cpp).
-std::vector<std::string> fallback_ops();
-void set_fallback_warnings(bool enabled);
-
-// True when OPENREG_LAUNCH_BLOCKING=1.
-bool launch_blocking();
 
 }  // namespace openreg

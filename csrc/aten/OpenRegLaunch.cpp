@@ -1,4 +1,4 @@
-// Kernel launch: the execution model of openreg.
+// Kernel launch: the execution model of openreg (see OpenRegLaunch.h).
 //
 // Every stream is an in-order queue drained by a worker thread (the runtime's
 // orLaunchKernel). A kernel is a closure that captures what it needs *by
@@ -9,6 +9,8 @@
 // If it throws, the message is kept per stream and raised, naming the op, at
 // the next synchronization of that stream or its device; the stream stays
 // usable.
+#include "aten/OpenRegLaunch.h"
+
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
@@ -16,9 +18,8 @@
 #include <memory>
 #include <mutex>
 
-#include "aten/OpenRegKernelView.h"
-#include "core/OpenRegFunctions.h"
-#include "profiler/OpenRegProfiler.h"
+#include "core/OpenRegException.h"
+#include "core/OpenRegSynchronize.h"
 
 namespace openreg {
 
@@ -30,8 +31,23 @@ struct KernelTask {
   orStream_t stream;
 };
 
+// Keeps the warnings a kernel raises on the worker for the next
+// synchronization, where the host raises them.
+class DeferWarnings : public c10::WarningHandler {
+ public:
+  explicit DeferWarnings(orStream_t stream) : stream_(stream) {}
+  void process(const c10::Warning& warning) override {
+    record_kernel_warning(stream_, warning);
+  }
+
+ private:
+  orStream_t stream_;
+};
+
 int run_task(void* data) {
   std::unique_ptr<KernelTask> task(static_cast<KernelTask*>(data));
+  DeferWarnings defer(task->stream);
+  const c10::WarningUtils::WarningHandlerGuard guard(&defer);
   try {
     task->kernel();
     return 0;

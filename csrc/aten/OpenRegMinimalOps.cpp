@@ -10,11 +10,11 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegResize.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
 #include "memory/OpenRegAllocator.h"
+#include "memory/OpenRegMemcpy.h"
 
 namespace openreg {
 
@@ -116,9 +116,9 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
   const c10::DeviceIndex device = self.device().index();
   warn_or_error_on_sync("aten::_local_scalar_dense, e.g. Tensor.item()");
-  getCurrentStream(device).synchronize();
-  OPENREG_CHECK(orMemcpy(host.data_ptr(), self.const_data_ptr(),
-                         self.dtype().itemsize(), orMemcpyDeviceToHost));
+  memcpy_blocking(host.data_ptr(), self.const_data_ptr(),
+                  self.dtype().itemsize(), orMemcpyDeviceToHost,
+                  getCurrentStream(device));
   host._set_conj(self.is_conj());
   host._set_neg(self.is_neg());
   return at::native::_local_scalar_dense_cpu(host.resolve_conj().resolve_neg());

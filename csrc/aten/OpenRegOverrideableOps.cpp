@@ -11,8 +11,6 @@
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
-#include <ATen/ops/ones_like.h>
 #include <ATen/ops/sigmoid.h>
 #include <ATen/ops/tanh.h>
 #include <c10/core/DeviceGuard.h>
@@ -21,7 +19,7 @@
 #include <algorithm>
 
 #include "aten/OpenRegKernelView.h"
-#include "random/OpenRegGenerator.h"
+#include "aten/OpenRegLaunch.h"
 
 namespace openreg {
 
@@ -223,31 +221,10 @@ std::tuple<at::Tensor, at::Tensor> fused_gru_cell(
   return {hy, workspace};
 }
 
-// Dropout draws its mask from the device's generator (the CPU kernel would
-// use the CPU's global generator, so torch.openreg.manual_seed would not
-// govern it). Same arithmetic as the CPU kernel.
-std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input,
-                                                  double p,
-                                                  std::optional<bool> train) {
-  if (input.numel() == 0) {
-    return {input, at::empty_like(input)};
-  }
-  if (!train.value_or(true)) {
-    return {input.clone(),
-            at::ones_like(input, input.options().dtype(at::kBool))};
-  }
-  const double keep = 1. - p;
-  const double scale = keep == 0. ? 0. : 1. / keep;
-  at::Tensor mask = at::empty_like(input, input.options().dtype(at::kBool));
-  mask.bernoulli_(keep, default_generator(input.device().index()));
-  return {input.mul(mask).mul_(scale), mask};
-}
-
 }  // namespace
 
 // [doc:overrideable-register]
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("native_dropout", TORCH_FN(native_dropout));
   m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
   m.impl("convolution_backward_overrideable",
          TORCH_FN(convolution_backward_overrideable));

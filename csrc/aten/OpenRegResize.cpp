@@ -8,6 +8,7 @@
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegStream.h"
+#include "memory/OpenRegMemcpy.h"
 
 namespace openreg {
 
@@ -28,8 +29,8 @@ void resize_bytes(c10::StorageImpl* storage, size_t new_size) {
     // marked as used by this stream, so the allocator does not hand it out
     // on its own stream before the copy has read it.
     const OpenRegStream stream = getCurrentStream(device);
-    OPENREG_CHECK(orMemcpyAsync(new_data.get(), storage->data(), keep,
-                                orMemcpyDeviceToDevice, stream.native()));
+    memcpy_on_stream(new_data.get(), storage->data(), keep,
+                     orMemcpyDeviceToDevice, stream);
     if (auto* allocator =
             dynamic_cast<c10::DeviceAllocator*>(storage->allocator())) {
       allocator->recordStream(storage->data_ptr(), stream.unwrap());

@@ -53,6 +53,13 @@ c10::DeviceIndex device_count() noexcept {
       TORCH_WARN("openreg: no devices available: ", orGetErrorString(err));
       return c10::DeviceIndex{0};
     }
+    if (n > kMaxDevices) {
+      TORCH_WARN("openreg: the driver reports ", n,
+                 " devices; this build handles at most ",
+                 static_cast<int>(kMaxDevices), ", using the first ",
+                 static_cast<int>(kMaxDevices));
+      return kMaxDevices;
+    }
     return static_cast<c10::DeviceIndex>(n);
   }();
   return count;

@@ -7,7 +7,13 @@
 
 namespace openreg {
 
-// Number of devices; 0 if the runtime cannot start (never throws).
+// The most devices the PyTorch layer handles: per-device tables (streams,
+// allocator caches, generators) are sized by it. device_count() never
+// reports more, whatever the driver says.
+constexpr c10::DeviceIndex kMaxDevices = 16;
+
+// Number of devices (at most kMaxDevices); 0 if the runtime cannot start
+// (never throws).
 c10::DeviceIndex device_count() noexcept;
 // Throws with the valid range if `device` is not a device of this machine.
 void check_device_index(c10::DeviceIndex device);

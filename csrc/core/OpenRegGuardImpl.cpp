@@ -1,9 +1,11 @@
 #include "core/OpenRegGuardImpl.h"
 
+#include <c10/core/CachingDeviceAllocator.h>
+
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegStream.h"
-#include "memory/OpenRegAllocator.h"
+#include "core/OpenRegSynchronize.h"
 
 namespace openreg {
 
@@ -123,10 +125,7 @@ bool OpenRegGuardImpl::queryEvent(void* event) const {
 }
 
 void OpenRegGuardImpl::synchronizeEvent(void* event) const {
-  if (event != nullptr) {
-    OPENREG_CHECK(orEventSynchronize(as_event(event)));
-    trace_sync("sync_event", reinterpret_cast<int64_t>(event), 0, -1);
-  }
+  synchronize_event(as_event(event));
 }
 // [/doc:event-wait-query]
 
@@ -177,8 +176,9 @@ void OpenRegGuardImpl::synchronizeDevice(
 
 void OpenRegGuardImpl::recordDataPtrOnStream(const c10::DataPtr& data_ptr,
                                              const c10::Stream& stream) const {
-  // Delegated to the device allocator, which owns block reuse.
-  device_allocator()->recordStream(data_ptr, stream);
+  // Delegated to the device allocator, which owns block reuse; reached
+  // through c10's registry, so core/ does not depend on memory/.
+  c10::getDeviceAllocator(static_type)->recordStream(data_ptr, stream);
 }
 // [/doc:guard-sync]
 

@@ -4,16 +4,15 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
-#include <unordered_map>
 
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
+#include "core/OpenRegSynchronize.h"
 
 namespace openreg {
 
 namespace {
 
-constexpr int kMaxDevices = 16;
 constexpr size_t kPoolSize = 4;  // streams per priority per device
 
 // [doc:stream-table]
@@ -71,70 +70,7 @@ c10::Stream make(c10::DeviceIndex device, c10::StreamId id) {
                      c10::Device(c10::DeviceType::PrivateUse1, device), id);
 }
 
-std::mutex g_errors_mutex;  // guards g_errors
-// First failure message per stream since its last synchronization.
-std::unordered_map<orStream_t, std::string> g_errors;
-
-// Turns the result of a synchronization into an exception carrying the
-// messages of the kernels that failed on `streams` (nullptr: any stream of
-// `device`).
-void raise_deferred(orError_t err, orStream_t stream, c10::DeviceIndex device) {
-  if (err != orErrorLaunchFailure) {
-    OPENREG_CHECK(err);
-    return;
-  }
-  std::string msg;
-  {
-    std::lock_guard<std::mutex> lock(g_errors_mutex);
-    for (auto it = g_errors.begin(); it != g_errors.end();) {
-      int dev = -1;
-      bool match = stream != nullptr
-                       ? it->first == stream
-                       : orStreamGetDevice(it->first, &dev) == orSuccess &&
-                             dev == device;
-      if (match) {
-        msg += (msg.empty() ? "" : "\n") + it->second;
-        it = g_errors.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  TORCH_CHECK(false, msg.empty() ? "an openreg kernel failed" : msg,
-              "\n(Kernels run asynchronously: the failure is reported at the "
-              "next synchronization. Set OPENREG_LAUNCH_BLOCKING=1 to raise "
-              "it at the launch.)");
-}
-
 }  // namespace
-
-namespace {
-std::atomic<SyncTraceFn> g_sync_trace{nullptr};
-}  // namespace
-
-void set_sync_trace(SyncTraceFn fn) { g_sync_trace.store(fn); }
-
-void trace_sync(const char* kind, int64_t event, int64_t stream,
-                int64_t device) {
-  if (SyncTraceFn fn = g_sync_trace.load(std::memory_order_relaxed)) {
-    fn(kind, event, stream, device);
-  }
-}
-
-// [doc:kernel-errors]
-void record_kernel_failure(orStream_t stream, const std::string& op,
-                           const char* what) {
-  std::lock_guard<std::mutex> lock(g_errors_mutex);
-  g_errors.emplace(stream,
-                   "openreg kernel '" + op + "' failed on the device: " + what);
-}
-
-void synchronize_device(c10::DeviceIndex device) {
-  ScopedDevice guard(device);
-  raise_deferred(orDeviceSynchronize(), nullptr, device);
-  trace_sync("sync_device", 0, 0, device);
-}
-// [/doc:kernel-errors]
 
 orStream_t native_stream(const c10::Stream& stream) {
   TORCH_INTERNAL_ASSERT(stream.device_type() == c10::DeviceType::PrivateUse1);
@@ -171,9 +107,7 @@ bool OpenRegStream::query() const {
 }
 
 void OpenRegStream::synchronize() const {
-  orStream_t s = native();
-  raise_deferred(orStreamSynchronize(s), s, device_index());
-  trace_sync("sync_stream", 0, id(), device_index());
+  synchronize_stream(native(), device_index(), id());
 }
 
 OpenRegStream getDefaultStream(c10::DeviceIndex device) {

@@ -10,8 +10,6 @@
 #include <c10/core/Stream.h>
 #include <openreg.h>
 
-#include <string>
-
 namespace openreg {
 
 class OpenRegStream {
@@ -41,25 +39,6 @@ OpenRegStream getStreamFromPool(bool high_priority = false,
 OpenRegStream getNewStream(c10::DeviceIndex device, int priority);
 // Makes `stream` current for its device on this thread.
 void setCurrentStream(OpenRegStream stream);
-// Deferred kernel errors. A kernel that fails on a stream's worker records
-// its message here; the next synchronization of the stream (or its device)
-// raises it.
-void record_kernel_failure(orStream_t stream, const std::string& op,
-                           const char* what);
-// Waits for `device` (all its streams) and raises deferred kernel errors.
-void synchronize_device(c10::DeviceIndex device);
-
-// Synchronization trace for the stream sanitizer: when set, every event
-// record/wait and every host synchronization is reported. kind is one of
-// "record" (event, stream, device), "wait" (event, stream, device),
-// "sync_event" (event), "sync_stream" (stream, device), "sync_device"
-// (device). The function must not throw.
-using SyncTraceFn = void (*)(const char* kind, int64_t event, int64_t stream,
-                             int64_t device);
-void set_sync_trace(SyncTraceFn fn);
-void trace_sync(const char* kind, int64_t event, int64_t stream,
-                int64_t device);
-
 // The runtime handle behind a c10::Stream of type PrivateUse1.
 orStream_t native_stream(const c10::Stream& stream);
 

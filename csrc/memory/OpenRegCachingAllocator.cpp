@@ -41,7 +41,9 @@
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegStream.h"
+#include "core/OpenRegSynchronize.h"
 #include "memory/OpenRegAllocator.h"
+#include "memory/OpenRegMemcpy.h"
 
 namespace openreg {
 
@@ -57,7 +59,6 @@ constexpr size_t kSmallBuffer = size_t{2} << 20;
 constexpr size_t kLargeBuffer = size_t{20} << 20;
 constexpr size_t kMinLargeAlloc = size_t{10} << 20;
 constexpr size_t kRoundLarge = size_t{2} << 20;
-constexpr int kMaxDevices = 16;
 
 size_t round_up(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
 
@@ -467,7 +468,7 @@ class DeviceCache {
     while (!events_.empty()) {
       auto [event, block] = events_.front();
       events_.pop_front();
-      OPENREG_CHECK(orEventSynchronize(event));
+      synchronize_event(event);
       OPENREG_CHECK(orEventDestroy(event));
       if (--block->event_count == 0) {
         free_block(block);
@@ -568,10 +569,13 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
 
   c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
 
-  // Stream-ordered on the current stream, like the allocation of `dest`.
+  // Stream-ordered on the current stream of the destination's device.
   void copy_data(void* dest, const void* src, size_t count) const override {
-    OPENREG_CHECK(orMemcpyAsync(dest, src, count, orMemcpyDeviceToDevice,
-                                getCurrentStream(current_device()).native()));
+    if (count == 0) {
+      return;
+    }
+    memcpy_on_stream(dest, src, count, orMemcpyDeviceToDevice,
+                     getCurrentStream(device_of_pointer(dest)));
   }
 
   bool initialized() override { return is_initialized(); }

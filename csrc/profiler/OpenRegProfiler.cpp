@@ -37,6 +37,7 @@
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegStream.h"
+#include "core/OpenRegSynchronize.h"
 
 #ifdef USE_KINETO
 #include <IActivityProfiler.h>
@@ -603,7 +604,7 @@ struct OpenRegStubs final : public torch::profiler::impl::ProfilerStubs {
     }
   }
 
-  void synchronize() const override { OPENREG_CHECK(orDeviceSynchronize()); }
+  void synchronize() const override { synchronize_device(current_device()); }
 };
 
 struct RegisterStubs {

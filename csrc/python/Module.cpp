@@ -12,10 +12,11 @@
 #include <sstream>
 #include <vector>
 
-#include "aten/OpenRegKernelView.h"
+#include "aten/fallback/OpenRegFallbackLog.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegStream.h"
+#include "core/OpenRegSynchronize.h"
 #include "memory/OpenRegAllocator.h"
 #include "random/OpenRegGenerator.h"
 #include "serialization/OpenRegBackendMeta.h"

@@ -67,12 +67,6 @@ OpenRegGeneratorImpl* OpenRegGeneratorImpl::clone_impl() const {
   return copy;
 }
 
-namespace {
-
-constexpr int kMaxDevices = 16;
-
-}  // namespace
-
 // [doc:generator-default]
 const at::Generator& default_generator(c10::DeviceIndex device) {
   static std::array<std::once_flag, kMaxDevices> once;

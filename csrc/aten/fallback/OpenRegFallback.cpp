@@ -1,0 +1,386 @@
+// The global fallback: any ATen operator without an openreg kernel runs
+// PyTorch's CPU kernel directly on device memory.
+//
+// For each call the fallback
+//  1. finds the device (the first openreg tensor, or an openreg Device
+//     argument) and rejects mixed devices the way CUDA does;
+//  2. asks the launch plan (OpenRegLaunchPlan.h) whether the call can be
+//     queued: the host knows its results' metadata, its errors and warnings;
+//  3. queued: replays the warnings, resizes out= arguments and allocates
+//     results on the host, captures the arguments (OpenRegCapture.h) and
+//     launches the CPU kernel on the current stream;
+//  4. otherwise runs the CPU kernel on the calling thread after the stream
+//     drained, and maps results back: in-place and out= results are the
+//     original device arguments (resized if the kernel resized them), views
+//     of an input become device views of the same storage, new tensors are
+//     copied into device memory.
+//
+// What a vendor keeps: the device check, the two paths and the result
+// mapping, the registration. SIMULATOR ONLY: running the CPU kernel on
+// kernel views (OpenRegKernelView.h); a real device runs its own kernels, or
+// copies to the host and back.
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "aten/OpenRegKernelView.h"
+#include "aten/OpenRegLaunch.h"
+#include "aten/OpenRegResize.h"
+#include "aten/fallback/OpenRegCapture.h"
+#include "aten/fallback/OpenRegFallbackLog.h"
+#include "aten/fallback/OpenRegIValue.h"
+#include "aten/fallback/OpenRegLaunchPlan.h"
+#include "aten/fallback/OpenRegOpTraits.h"
+#include "memory/OpenRegMemcpy.h"
+#include "random/OpenRegGenerator.h"
+
+namespace openreg {
+
+namespace {
+
+// Finds the device an operator call runs on and checks all tensors agree.
+c10::Device find_device(const OpTraits& traits,
+                        c10::ArrayRef<c10::IValue> args) {
+  std::optional<c10::Device> device;
+  std::optional<c10::Device> other;
+  for (const c10::IValue& v : args) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (!t.defined()) {
+        return;
+      }
+      if (is_openreg(t)) {
+        if (!device) {
+          device = t.device();
+        } else {
+          TORCH_CHECK(*device == t.device(),
+                      "Expected all tensors to be on the same device, but "
+                      "found at least two devices, ",
+                      *device, " and ", t.device(),
+                      "! (when checking arguments for ", traits.display_name,
+                      ")");
+        }
+      } else if (t.device().is_cpu()) {
+        if (t.dim() != 0 && !other) {
+          other = t.device();  // CPU scalars (0-dim) are allowed, as on CUDA
+        }
+      } else if (!other) {
+        other = t.device();
+      }
+    });
+  }
+  if (device) {
+    TORCH_CHECK(!other || (other->is_cpu() &&
+                           (traits.policy & kAcceptsCpuTensors) != 0),
+                "Expected all tensors to be on the same device, but found at "
+                "least two devices, ",
+                *device, " and ", *other, "! (when checking arguments for ",
+                traits.display_name, ")");
+    return *device;
+  }
+  for (const c10::IValue& v : args) {
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      return v.toDevice();
+    }
+  }
+  TORCH_CHECK(false, "openreg fallback for ", traits.display_name,
+              " found no openreg tensor or device among its arguments");
+}
+
+// Passes warnings on to the handler that was current, keeping a copy.
+class ForwardingRecorder : public c10::WarningHandler {
+ public:
+  ForwardingRecorder() : next_(c10::WarningUtils::get_warning_handler()) {}
+  void process(const c10::Warning& warning) override {
+    warnings.push_back(warning);
+    next_->process(warning);
+  }
+  std::vector<c10::Warning> warnings;
+
+ private:
+  c10::WarningHandler* next_;
+};
+
+// Drops the warnings the host already raised at the call and passes the
+// others on (to the stream's handler, which defers them to the next
+// synchronization).
+class DropRaisedWarnings : public c10::WarningHandler {
+ public:
+  explicit DropRaisedWarnings(const std::vector<c10::Warning>& raised)
+      : raised_(raised), next_(c10::WarningUtils::get_warning_handler()) {}
+  void process(const c10::Warning& warning) override {
+    for (const c10::Warning& w : raised_) {
+      if (w.msg() == warning.msg()) {
+        return;
+      }
+    }
+    next_->process(warning);
+  }
+
+ private:
+  const std::vector<c10::Warning>& raised_;
+  c10::WarningHandler* next_;
+};
+
+// [doc:fallback-queued]
+// A call whose signature is known: everything the host must do happens
+// here, at the call; only the CPU kernel is queued.
+void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
+                const std::shared_ptr<const LaunchPlan>& plan,
+                torch::jit::Stack* stack, c10::Device device) {
+  const size_t num_args = traits.writes.size();
+  const size_t first = stack->size() - num_args;
+  for (const c10::Warning& w : plan->warnings) {
+    c10::warn(w);
+  }
+  // out= arguments take their final shape now, as the CPU kernel would
+  // resize them.
+  for (const auto& [i, spec] : plan->written) {
+    const at::Tensor& t = (*stack)[first + static_cast<size_t>(i)].toTensor();
+    if (t.sizes() != c10::IntArrayRef(spec.sizes) ||
+        t.strides() != c10::IntArrayRef(spec.strides)) {
+      resize_impl(t.unsafeGetTensorImpl(), spec.sizes, spec.strides);
+    }
+  }
+  // New results, allocated now.
+  std::vector<c10::IValue> results;
+  std::vector<std::pair<std::pair<size_t, int>, at::Tensor>> new_outputs;
+  for (size_t r = 0; r < plan->outputs.size(); ++r) {
+    const LaunchPlan::Output& out = plan->outputs[r];
+    auto make = [&](size_t k) {
+      const TensorSpec& s = out.tensors[k];
+      at::Tensor t =
+          at::empty_strided(s.sizes, s.strides,
+                            at::TensorOptions().dtype(s.dtype).device(device));
+      new_outputs.push_back(
+          {{r, out.is_list ? static_cast<int>(k) : -1}, borrowed_alias(t)});
+      return t;
+    };
+    if (out.arg >= 0) {
+      results.push_back((*stack)[first + static_cast<size_t>(out.arg)]);
+    } else if (out.is_list) {
+      c10::List<at::Tensor> list;
+      for (size_t k = 0; k < out.tensors.size(); ++k) {
+        list.push_back(make(k));
+      }
+      results.emplace_back(std::move(list));
+    } else if (out.tensors.empty()) {
+      results.emplace_back(at::Tensor());
+    } else {
+      results.emplace_back(make(0));
+    }
+  }
+  std::vector<c10::IValue> captured = capture_arguments(*stack, traits);
+  launch_async(
+      device.index(), traits.display_name,
+      [op, &traits, plan, captured = std::move(captured),
+       new_outputs = std::move(new_outputs)]() {
+        DropRaisedWarnings drop(plan->warnings);
+        const c10::WarningUtils::WarningHandlerGuard guard(&drop);
+        KernelViews views;
+        torch::jit::Stack out = run_cpu_kernel(op, traits, captured, views);
+        for (const auto& [where, dst] : new_outputs) {
+          const c10::IValue& v = out[where.first];
+          at::Tensor result =
+              where.second < 0 ? v.toTensor() : v.toTensorList()[where.second];
+          TORCH_CHECK(result.defined() && result.sizes() == dst.sizes() &&
+                          result.scalar_type() == dst.scalar_type(),
+                      "the CPU kernel's result differs from the plan's ",
+                      dst.sizes(), " ", dst.scalar_type());
+          views.view(dst).copy_(result);
+        }
+      });
+  torch::jit::drop(*stack, num_args);
+  for (c10::IValue& r : results) {
+    stack->push_back(std::move(r));
+  }
+}
+// [/doc:fallback-queued]
+
+// Brings the device argument `dev` up to date with its kernel view `view`
+// after a kernel that may have resized it (out= arguments, set_, resize_).
+void sync_mutated(const at::Tensor& dev, const at::Tensor& view,
+                  void* original_base) {
+  c10::TensorImpl* impl = dev.unsafeGetTensorImpl();
+  if (view.storage().data() != original_base) {
+    // The CPU kernel grew the storage on the host (its new bytes include the
+    // old ones): give the device storage a new block and move them there,
+    // ordered on the current stream like every write of this call.
+    c10::StorageImpl* storage = dev.storage().unsafeGetStorageImpl();
+    const size_t nbytes = view.storage().nbytes();
+    TORCH_CHECK(storage->resizable(),
+                "Trying to resize storage that is not resizable");
+    const c10::DeviceIndex device = dev.device().index();
+    storage->set_data_ptr_noswap(nbytes == 0
+                                     ? c10::DataPtr(nullptr, dev.device())
+                                     : storage->allocator()->allocate(nbytes));
+    storage->set_nbytes(nbytes);
+    memcpy_blocking(storage->mutable_data(), view.storage().data(), nbytes,
+                    orMemcpyHostToDevice, getCurrentStream(device));
+  }
+  if (dev.sizes() != view.sizes() || dev.strides() != view.strides() ||
+      dev.storage_offset() != view.storage_offset()) {
+    impl->set_sizes_and_strides(view.sizes(), view.strides(),
+                                view.storage_offset());
+  }
+  // Some kernels return their out= result as a conjugate or negative view
+  // (linalg_lu_solve with left=False sets the conjugate bit on `result`).
+  if (dev.is_conj() != view.is_conj()) {
+    impl->_set_conj(view.is_conj());
+  }
+  if (dev.is_neg() != view.is_neg()) {
+    impl->_set_neg(view.is_neg());
+  }
+}
+
+// The synchronous path: the CPU kernel on the calling thread, after the
+// stream drained. Its errors and warnings reach the caller directly.
+void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
+                       torch::jit::Stack* stack, c10::Device device,
+                       LaunchDecision decision) {
+  const size_t num_args = traits.writes.size();
+  const size_t first = stack->size() - num_args;
+  // Keep the original arguments: in-place results return them.
+  std::vector<c10::IValue> originals(stack->begin() + first, stack->end());
+  KernelViews views;
+  struct Mutated {
+    at::Tensor dev;
+    at::Tensor view;
+    void* base;
+    bool conj;
+    bool neg;
+  };
+  std::vector<Mutated> mutated;
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& v = (*stack)[first + i];
+    if (traits.generator[i]) {
+      std::optional<at::Generator> gen;
+      if (v.isGenerator()) {
+        gen = v.toGenerator();
+      }
+      v = kernel_generator(gen, device.index());
+      continue;
+    }
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      v = c10::Device(c10::DeviceType::CPU);
+      continue;
+    }
+    // A single mutable tensor may be resized by the kernel (out=, set_);
+    // mutable lists (the _foreach_ ops) are only written in place.
+    const bool may_resize = traits.writes[i] && v.isTensor();
+    v = map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
+      if (!is_openreg(t)) {
+        return t;
+      }
+      at::Tensor view = views.view(t, may_resize);
+      if (may_resize) {
+        mutated.push_back({t, view, view.storage().mutable_data(),
+                           view.is_conj(), view.is_neg()});
+      }
+      return view;
+    });
+  }
+
+  const bool verify = decision.kind == LaunchDecision::kSyncThenVerify;
+  std::optional<ForwardingRecorder> recorder;
+  std::optional<c10::WarningUtils::WarningHandlerGuard> recording;
+  if (verify) {
+    recorder.emplace();
+    recording.emplace(&*recorder);
+  }
+  run_sync(device.index(), [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  });
+  recording.reset();
+
+  bool bits_changed = false;
+  for (const Mutated& m : mutated) {
+    bits_changed =
+        bits_changed || m.view.is_conj() != m.conj || m.view.is_neg() != m.neg;
+    sync_mutated(m.dev, m.view, m.base);
+  }
+
+  const size_t num_rets = traits.return_arg.size();
+  const size_t ret_first = stack->size() - num_rets;
+  auto convert = [&](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined() || !t.device().is_cpu()) {
+      return t;
+    }
+    TORCH_CHECK_NOT_IMPLEMENTED(t.layout() == c10::kStrided,
+                                "openreg supports only strided tensors, ",
+                                "but the CPU kernel of ", traits.display_name,
+                                " returned a ", t.layout(), " tensor");
+    if (const c10::Storage* storage = views.device_storage_of(t)) {
+      return device_alias(*storage, t);  // a view of an input
+    }
+    return copy_to_device(t, device);
+  };
+  for (size_t r = 0; r < num_rets; ++r) {
+    c10::IValue& v = (*stack)[ret_first + r];
+    if (traits.return_arg[r] >= 0) {
+      // An in-place or out= result: the argument it aliases.
+      v = originals[static_cast<size_t>(traits.return_arg[r])];
+    } else {
+      v = map_tensors(v, convert);
+    }
+  }
+  if (verify) {
+    verify_launch(std::move(decision), traits, originals,
+                  c10::ArrayRef<c10::IValue>(*stack).slice(ret_first),
+                  recorder->warnings, bits_changed);
+  }
+}
+
+// [doc:fallback-dispatch]
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const OpTraits& traits = op_traits(op);
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      traits.has_cpu_kernel, "The operator '", traits.display_name,
+      "' has no openreg kernel, and the CPU fallback cannot run it because "
+      "it has no CPU kernel either.");
+  const size_t num_args = traits.writes.size();
+  const c10::Device device =
+      find_device(traits, torch::jit::last(*stack, num_args));
+  const c10::DeviceGuard guard(device);
+  note_fallback(op, traits.display_name);
+  LaunchDecision decision = plan_launch(op, traits, *stack);
+  if (decision.kind == LaunchDecision::kQueue) {
+    run_queued(op, traits, decision.plan, stack, device);
+    return;
+  }
+  run_synchronously(op, traits, stack, device, std::move(decision));
+}
+// [/doc:fallback-dispatch]
+
+}  // namespace
+
+// [doc:fallback-register]
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+}
+// [/doc:fallback-register]
+
+// [doc:fallback-forced]
+// The operators of the policy table marked kRouteToFallback: PyTorch has a
+// generic kernel for them that backends inherit, and the table says why the
+// CPU kernel is better here.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  for (const OpPolicyRow& row : op_policy_table()) {
+    if ((row.policy & kRouteToFallback) != 0) {
+      const std::string name(row.op.substr(row.op.find("::") + 2));
+      m.impl(name.c_str(),
+             torch::CppFunction::makeFromBoxedFunction<&fallback>());
+    }
+  }
+}
+// [/doc:fallback-forced]
+
+}  // namespace openreg

@@ -1,0 +1,156 @@
+#include "aten/fallback/OpenRegOpTraits.h"
+
+#include <ATen/core/enum_tag.h>
+#include <c10/util/flat_hash_map.h>
+
+#include <memory>
+#include <mutex>
+
+namespace openreg {
+
+namespace {
+
+// [doc:fallback-policy]
+// Operators that need a behaviour of their own. Everything else follows the
+// general rule: run the CPU kernel on the device memory, queued once the
+// signature has been verified (OpenRegLaunchPlan.h).
+constexpr OpPolicyRow kPolicy[] = {
+    {"aten::index", kAcceptsCpuTensors,
+     "as on CUDA, index tensors may live on the CPU"},
+    {"aten::index_put_", kAcceptsCpuTensors,
+     "as on CUDA, index tensors may live on the CPU"},
+    {"aten::_index_put_impl_", kAcceptsCpuTensors,
+     "as on CUDA, index tensors may live on the CPU"},
+    {"aten::index_put", kAcceptsCpuTensors,
+     "as on CUDA, index tensors may live on the CPU"},
+    {"aten::mse_loss", kRouteToFallback,
+     "the generic kernel calls mse_loss.out with a pre-shaped output that the "
+     "CPU kernel then resizes, warning about it"},
+    {"aten::native_layer_norm", kRouteToFallback,
+     "the generic kernel is a decomposition that rounds differently from the "
+     "CPU kernel"},
+    {"aten::native_layer_norm_backward", kRouteToFallback,
+     "the generic kernel is a decomposition that rounds differently from the "
+     "CPU kernel"},
+    {"aten::native_group_norm", kRouteToFallback,
+     "math_group_norm rounds batch norm's output to the input dtype before a "
+     "separate addcmul applies weight and bias"},
+    {"aten::addr", kRouteToFallback,
+     "math_addr rounds beta * self, outer(vec1, vec2) and their sum "
+     "separately"},
+    {"aten::addr.out", kRouteToFallback,
+     "math_addr rounds beta * self, outer(vec1, vec2) and their sum "
+     "separately"},
+    {"aten::arange", kScalarValuesMatter,
+     "start, end and step decide the length of the result"},
+    {"aten::range", kScalarValuesMatter,
+     "start, end and step decide the length of the result"},
+    {"aten::histc", kScalarValuesMatter, "min and max are checked on the host"},
+};
+// [/doc:fallback-policy]
+
+bool matches(std::string_view row, const c10::OperatorName& name) {
+  if (row.size() < name.name.size() ||
+      row.substr(0, name.name.size()) != name.name) {
+    return false;
+  }
+  std::string_view rest = row.substr(name.name.size());
+  if (rest.empty()) {
+    return true;  // every overload
+  }
+  return rest[0] == '.' && rest.substr(1) == name.overload_name;
+}
+
+bool is_type(const c10::TypePtr& type, c10::TypeKind kind) {
+  if (type->kind() == kind) {
+    return true;
+  }
+  if (auto opt = type->cast<c10::OptionalType>()) {
+    return opt->getElementType()->kind() == kind;
+  }
+  return false;
+}
+
+std::unique_ptr<OpTraits> compute_traits(const c10::OperatorHandle& op) {
+  auto t = std::make_unique<OpTraits>();
+  const c10::FunctionSchema& schema = op.schema();
+  t->name = schema.operator_name();
+  t->display_name = schema.name();
+  if (!schema.overload_name().empty()) {
+    t->display_name += "." + schema.overload_name();
+  }
+  for (const OpPolicyRow& row : kPolicy) {
+    if (matches(row.op, t->name)) {
+      t->policy |= row.policy;
+    }
+  }
+  t->has_cpu_kernel = op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+  const bool doubles_by_type = op.hasTag(at::Tag::pointwise) ||
+                               schema.name().rfind("aten::_foreach_", 0) == 0 ||
+                               schema.name().rfind("aten::_fused_", 0) == 0;
+  const auto& args = schema.arguments();
+  for (const c10::Argument& a : args) {
+    const c10::TypePtr& type = a.type();
+    const bool generator = is_type(type, c10::TypeKind::GeneratorType);
+    t->generator.push_back(generator);
+    if (generator || is_type(type, c10::TypeKind::DeviceObjType)) {
+      t->has_generator_or_device_arg = true;
+    }
+    ArgKey key = ArgKey::kValue;
+    if ((t->policy & kScalarValuesMatter) == 0) {
+      if (is_type(type, c10::TypeKind::NumberType) ||
+          (type->kind() == c10::TypeKind::ListType &&
+           type->castRaw<c10::ListType>()->getElementType()->kind() ==
+               c10::TypeKind::NumberType)) {
+        key = ArgKey::kScalar;
+      } else if (doubles_by_type && is_type(type, c10::TypeKind::FloatType)) {
+        key = ArgKey::kDoubleByType;
+      }
+    }
+    t->arg_keys.push_back(key);
+    const c10::AliasInfo* alias = a.alias_info();
+    t->writes.push_back(alias != nullptr && alias->isWrite());
+  }
+  for (const c10::Argument& r : schema.returns()) {
+    int arg = -1;
+    const c10::AliasInfo* alias = r.alias_info();
+    if (alias != nullptr && alias->isWrite()) {
+      for (size_t i = 0; i < args.size(); ++i) {
+        const c10::AliasInfo* a = args[i].alias_info();
+        if (a != nullptr && a->beforeSets() == alias->beforeSets()) {
+          arg = static_cast<int>(i);
+          break;
+        }
+      }
+    }
+    t->return_arg.push_back(arg);
+  }
+  return t;
+}
+
+}  // namespace
+
+c10::ArrayRef<OpPolicyRow> op_policy_table() { return kPolicy; }
+
+const OpTraits& op_traits(const c10::OperatorHandle& op) {
+  // Operators registered from Python can be removed and their memory reused,
+  // so a cached entry is checked against the operator's name.
+  const void* key = &op.schema();
+  thread_local ska::flat_hash_map<const void*, const OpTraits*> local;
+  auto it = local.find(key);
+  if (it != local.end() && it->second->name == op.schema().operator_name()) {
+    return *it->second;
+  }
+  static std::mutex mutex;  // guards `owned`
+  static auto* owned = new std::vector<std::unique_ptr<OpTraits>>();
+  std::unique_ptr<OpTraits> traits = compute_traits(op);
+  const OpTraits* result = traits.get();
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    owned->push_back(std::move(traits));
+  }
+  local[key] = result;
+  return *result;
+}
+
+}  // namespace openreg

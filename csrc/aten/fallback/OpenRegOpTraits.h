@@ -1,0 +1,64 @@
+// What the fallback knows about an operator before it runs it: the policy
+// table (the few operators that need a behaviour of their own, each with its
+// reason) and the facts read once from the operator's schema.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace openreg {
+
+// Behaviours an operator may get from the policy table (bit flags).
+enum OpPolicy : uint8_t {
+  // CPU tensors are accepted beside device tensors (index tensors of
+  // indexing ops, as CUDA accepts them).
+  kAcceptsCpuTensors = 1 << 0,
+  // Registered for PrivateUse1 so the fallback runs the CPU kernel instead of
+  // PyTorch's generic kernel for backends (see the reasons in the table).
+  kRouteToFallback = 1 << 1,
+  // The values of floating-point Scalar arguments decide the results'
+  // shapes or are checked on the host: they are part of the signature.
+  kScalarValuesMatter = 1 << 2,
+};
+
+// One row of the policy table.
+struct OpPolicyRow {
+  std::string_view
+      op;  // "aten::name" (every overload) or "aten::name.overload"
+  uint8_t policy;
+  std::string_view reason;
+};
+
+// The policy table itself (OpenRegOpTraits.cpp), for registration and docs.
+c10::ArrayRef<OpPolicyRow> op_policy_table();
+
+// How a non-tensor argument enters an operator's signature.
+enum class ArgKey : uint8_t {
+  kValue,         // by value (ints, bools, int lists, strings, dtypes, ...)
+  kScalar,        // a Scalar: integral values by value, floating ones by type
+  kDoubleByType,  // a float of a pointwise/foreach/fused op: by type
+};
+
+// Facts about one operator, computed once (op_traits() caches them).
+struct OpTraits {
+  c10::OperatorName name{"", ""};
+  std::string display_name;  // "aten::add.out"
+  uint8_t policy = 0;
+  bool has_cpu_kernel = false;
+  // Any Generator or Device argument: the op runs synchronously (random
+  // draws happen in program order; a device argument names where results go).
+  bool has_generator_or_device_arg = false;
+  std::vector<ArgKey> arg_keys;  // one per argument
+  std::vector<bool> writes;      // one per argument: written (alias a!)
+  std::vector<bool> generator;   // one per argument: a Generator(?)
+  std::vector<int> return_arg;   // one per return: the argument it is, or -1
+};
+
+// The traits of `op` (thread-safe; cached per operator).
+const OpTraits& op_traits(const c10::OperatorHandle& op);
+
+}  // namespace openreg

@@ -1,0 +1,131 @@
+#include "core/OpenRegSynchronize.h"
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/OpenRegException.h"
+#include "core/OpenRegFunctions.h"
+
+namespace openreg {
+
+namespace {
+
+std::mutex g_errors_mutex;  // guards g_errors and g_warnings
+// First failure message per stream since its last synchronization.
+std::unordered_map<orStream_t, std::string> g_errors;
+
+// Warnings raised by kernels since the last synchronization, per stream.
+std::unordered_map<orStream_t, std::vector<c10::Warning>> g_warnings;
+
+std::atomic<SyncTraceFn> g_sync_trace{nullptr};
+
+// Raises the deferred warnings of `stream` (nullptr: of every stream of
+// `device`) on the calling thread.
+void raise_deferred_warnings(orStream_t stream, c10::DeviceIndex device) {
+  std::vector<c10::Warning> warnings;
+  {
+    std::lock_guard<std::mutex> lock(g_errors_mutex);
+    if (g_warnings.empty()) {
+      return;
+    }
+    for (auto it = g_warnings.begin(); it != g_warnings.end();) {
+      int dev = -1;
+      bool match = stream != nullptr
+                       ? it->first == stream
+                       : orStreamGetDevice(it->first, &dev) == orSuccess &&
+                             dev == device;
+      if (match) {
+        warnings.insert(warnings.end(), it->second.begin(), it->second.end());
+        it = g_warnings.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const c10::Warning& w : warnings) {
+    c10::warn(w);
+  }
+}
+
+// Turns the result of a synchronization into an exception carrying the
+// messages of the kernels that failed on `stream` (nullptr: any stream of
+// `device`).
+void raise_deferred(orError_t err, orStream_t stream, c10::DeviceIndex device) {
+  if (err != orErrorLaunchFailure) {
+    OPENREG_CHECK(err);
+    return;
+  }
+  std::string msg;
+  {
+    std::lock_guard<std::mutex> lock(g_errors_mutex);
+    for (auto it = g_errors.begin(); it != g_errors.end();) {
+      int dev = -1;
+      bool match = stream != nullptr
+                       ? it->first == stream
+                       : orStreamGetDevice(it->first, &dev) == orSuccess &&
+                             dev == device;
+      if (match) {
+        msg += (msg.empty() ? "" : "\n") + it->second;
+        it = g_errors.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  TORCH_CHECK(false, msg.empty() ? "an openreg kernel failed" : msg,
+              "\n(Kernels run asynchronously: the failure is reported at the "
+              "next synchronization. Set OPENREG_LAUNCH_BLOCKING=1 to raise "
+              "it at the launch.)");
+}
+
+}  // namespace
+
+// [doc:kernel-errors]
+void record_kernel_failure(orStream_t stream, const std::string& op,
+                           const char* what) {
+  std::lock_guard<std::mutex> lock(g_errors_mutex);
+  g_errors.emplace(stream,
+                   "openreg kernel '" + op + "' failed on the device: " + what);
+}
+
+void record_kernel_warning(orStream_t stream, const c10::Warning& warning) {
+  std::lock_guard<std::mutex> lock(g_errors_mutex);
+  g_warnings[stream].push_back(warning);
+}
+
+void synchronize_stream(orStream_t stream, c10::DeviceIndex device,
+                        int64_t id) {
+  const orError_t err = orStreamSynchronize(stream);
+  raise_deferred_warnings(stream, device);
+  raise_deferred(err, stream, device);
+  trace_sync("sync_stream", 0, id, device);
+}
+
+void synchronize_device(c10::DeviceIndex device) {
+  ScopedDevice guard(device);
+  const orError_t err = orDeviceSynchronize();
+  raise_deferred_warnings(nullptr, device);
+  raise_deferred(err, nullptr, device);
+  trace_sync("sync_device", 0, 0, device);
+}
+// [/doc:kernel-errors]
+
+void synchronize_event(orEvent_t event) {
+  if (event == nullptr) {
+    return;
+  }
+  OPENREG_CHECK(orEventSynchronize(event));
+  trace_sync("sync_event", reinterpret_cast<int64_t>(event), 0, -1);
+}
+
+void set_sync_trace(SyncTraceFn fn) { g_sync_trace.store(fn); }
+
+void trace_sync(const char* kind, int64_t event, int64_t stream,
+                int64_t device) {
+  if (SyncTraceFn fn = g_sync_trace.load(std::memory_order_relaxed)) {
+    fn(kind, event, stream, device);
+  }
+}
+
+}  // namespace openreg

@@ -1,0 +1,50 @@
+// Host synchronization with the device: the one place where the host waits
+// for device work, raises the errors of kernels that failed asynchronously,
+// and reports the synchronization to the stream sanitizer.
+//
+// Every wait of the PyTorch layer goes through these functions (streams,
+// devices, events, copies to pageable memory, run_sync); nothing else calls
+// the runtime's synchronize functions. Thread-safe.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+#include <openreg.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace openreg {
+
+// Deferred kernel errors. A kernel that fails on a stream's worker records
+// its message here (`op` names the operator); the next synchronization of the
+// stream, or of its device, raises it as a c10::Error naming the op.
+void record_kernel_failure(orStream_t stream, const std::string& op,
+                           const char* what);
+
+// Deferred kernel warnings: a warning a kernel raises on a stream's worker
+// is kept and raised, unchanged, at the next synchronization of the stream
+// or its device (on the synchronizing thread, so Python sees it).
+void record_kernel_warning(orStream_t stream, const c10::Warning& warning);
+
+// Waits until all work queued on `stream` (a stream of `device`, id `id`)
+// has finished; raises the deferred errors of that stream.
+void synchronize_stream(orStream_t stream, c10::DeviceIndex device, int64_t id);
+// Waits for every stream of `device`; raises their deferred errors.
+void synchronize_device(c10::DeviceIndex device);
+// Waits until `event` has completed (a never-recorded event is complete).
+void synchronize_event(orEvent_t event);
+
+// Synchronization trace for the stream sanitizer: when set, every event
+// record/wait and every host synchronization is reported. kind is one of
+// "record" (event, stream, device), "wait" (event, stream, device),
+// "sync_event" (event), "sync_stream" (stream, device), "sync_device"
+// (device). The function must not throw.
+using SyncTraceFn = void (*)(const char* kind, int64_t event, int64_t stream,
+                             int64_t device);
+void set_sync_trace(SyncTraceFn fn);
+void trace_sync(const char* kind, int64_t event, int64_t stream,
+                int64_t device);
+
+}  // namespace openreg

@@ -1,0 +1,53 @@
+#include "memory/OpenRegMemcpy.h"
+
+#include "core/OpenRegException.h"
+#include "profiler/OpenRegProfiler.h"
+
+namespace openreg {
+
+namespace {
+
+bool is_pinned_range(const void* p) {
+  orPointerAttributes attr;
+  return orPointerGetAttributes(&attr, p) == orSuccess &&
+         attr.type == orMemoryTypeHost;
+}
+
+}  // namespace
+
+// [doc:memcpy-choke-point]
+void memcpy_on_stream(void* dst, const void* src, size_t nbytes,
+                      orMemcpyKind kind, const OpenRegStream& stream) {
+  if (nbytes == 0) {
+    return;
+  }
+  const bool pageable =
+      (kind == orMemcpyHostToDevice && !is_pinned_range(src)) ||
+      (kind == orMemcpyDeviceToHost && !is_pinned_range(dst));
+  if (pageable) {
+    // Wait here rather than inside the runtime, so that a kernel that failed
+    // on the stream is raised by name.
+    stream.synchronize();
+  }
+  const profiler::QueuedCopy trace(stream.unwrap(), kind);
+  OPENREG_CHECK(orMemcpyAsync(dst, src, nbytes, kind, stream.native()));
+}
+// [/doc:memcpy-choke-point]
+
+void memcpy_blocking(void* dst, const void* src, size_t nbytes,
+                     orMemcpyKind kind, const OpenRegStream& stream) {
+  memcpy_on_stream(dst, src, nbytes, kind, stream);
+  if (nbytes != 0) {
+    stream.synchronize();
+  }
+}
+
+c10::DeviceIndex device_of_pointer(const void* ptr) {
+  orPointerAttributes attr;
+  OPENREG_CHECK(orPointerGetAttributes(&attr, ptr));
+  TORCH_CHECK(attr.type == orMemoryTypeDevice, "The pointer ", ptr,
+              " is not openreg device memory");
+  return static_cast<c10::DeviceIndex>(attr.device);
+}
+
+}  // namespace openreg
