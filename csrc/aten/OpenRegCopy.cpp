@@ -68,6 +68,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
                 t->device());
   }
   if (dst.numel() == 0) {
+    // Nothing to move, but the CPU's shape check still applies.
+    TORCH_CHECK(at::infer_size(dst.sizes(), self.sizes()) == dst.sizes(),
+                "output with shape ", dst.sizes(),
+                " doesn't match the broadcast shape ",
+                at::infer_size(dst.sizes(), self.sizes()));
     return dst;
   }
   // Work is ordered on the destination's stream when it is a device,

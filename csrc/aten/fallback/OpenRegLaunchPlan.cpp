@@ -3,6 +3,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -248,6 +249,8 @@ PlanCache& plan_cache() {
 // The meta description
 // ---------------------------------------------------------------------------
 
+std::atomic<PythonWarningSilencer> g_python_silencer{nullptr};
+
 // Collects the warnings raised on this thread while it lives, without
 // passing them on.
 class WarningRecorder : public c10::WarningHandler {
@@ -323,8 +326,12 @@ std::shared_ptr<LaunchPlan> describe_with_meta(const c10::OperatorHandle& op,
   }
   auto plan = std::make_shared<LaunchPlan>();
   {
+    // The meta kernel's warnings are dropped: the CPU kernel raises them.
     WarningRecorder recorder;
     const c10::WarningUtils::WarningHandlerGuard guard(&recorder);
+    PythonWarningSilencer silencer = g_python_silencer.load();
+    const std::shared_ptr<void> quiet =
+        silencer != nullptr ? silencer() : nullptr;
     try {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta),
@@ -332,13 +339,28 @@ std::shared_ptr<LaunchPlan> describe_with_meta(const c10::OperatorHandle& op,
     } catch (const std::exception&) {
       return nullptr;  // no meta kernel, data-dependent, or an error
     }
-    plan->warnings = std::move(recorder.warnings);
   }
   for (const auto& [i, m] : written) {
     const at::Tensor& dev = stack[first + static_cast<size_t>(i)].toTensor();
     if (m.storage_offset() != dev.storage_offset() ||
         m.is_conj() != dev.is_conj() || m.is_neg() != dev.is_neg()) {
       return nullptr;
+    }
+    const bool resized =
+        m.sizes() != dev.sizes() || m.strides() != dev.strides();
+    if (resized) {
+      // Resizing at the call would change what the kernel reads if the
+      // written tensor's memory is also an input (amax(a, 0, out=a)).
+      for (size_t j = 0; j < num_args; ++j) {
+        bool shared = false;
+        for_each_tensor(stack[first + j], [&](const at::Tensor& t) {
+          shared = shared || (j != static_cast<size_t>(i) && t.defined() &&
+                              t.storage().is_alias_of(dev.storage()));
+        });
+        if (shared) {
+          return nullptr;
+        }
+      }
     }
     plan->written.emplace_back(i, spec_of(m));
   }
@@ -381,25 +403,11 @@ std::shared_ptr<LaunchPlan> describe_with_meta(const c10::OperatorHandle& op,
   return plan;
 }
 
-bool same_warnings(const std::vector<c10::Warning>& a,
-                   const std::vector<c10::Warning>& b) {
-  if (a.size() != b.size()) {
-    return false;
-  }
-  std::vector<std::string> ma;
-  std::vector<std::string> mb;
-  for (const auto& w : a) {
-    ma.push_back(w.msg());
-  }
-  for (const auto& w : b) {
-    mb.push_back(w.msg());
-  }
-  std::sort(ma.begin(), ma.end());
-  std::sort(mb.begin(), mb.end());
-  return ma == mb;
-}
-
 }  // namespace
+
+void set_python_warning_silencer(PythonWarningSilencer fn) {
+  g_python_silencer.store(fn);
+}
 
 // [doc:launch-plan]
 LaunchDecision plan_launch(const c10::OperatorHandle& op,
@@ -457,7 +465,8 @@ void verify_launch(LaunchDecision decision, const OpTraits& traits,
                    bool bits_changed) {
   TORCH_INTERNAL_ASSERT(decision.kind == LaunchDecision::kSyncThenVerify);
   std::shared_ptr<LaunchPlan> plan = std::move(decision.candidate);
-  bool agrees = !bits_changed && same_warnings(warnings, plan->warnings);
+  plan->warnings = warnings;
+  bool agrees = !bits_changed;
   for (const auto& [i, spec] : plan->written) {
     const at::Tensor& t = args[static_cast<size_t>(i)].toTensor();
     agrees = agrees && t.sizes() == c10::IntArrayRef(spec.sizes) &&

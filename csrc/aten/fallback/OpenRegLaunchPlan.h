@@ -53,7 +53,8 @@ struct LaunchPlan {
   // Written tensor arguments and their final metadata (resized at the call
   // when it differs).
   std::vector<std::pair<int, TensorSpec>> written;
-  // Warnings the call raises, replayed at every call.
+  // Warnings the call raises (the CPU kernel's, from the first call),
+  // replayed at every call.
   std::vector<c10::Warning> warnings;
 };
 
@@ -68,6 +69,13 @@ struct LaunchDecision {
   std::shared_ptr<LaunchPlan> candidate;
   std::vector<int64_t> key;
 };
+
+// Python meta kernels warn through Python's `warnings` module, which c10's
+// warning handlers do not see. The Python bindings install a function that
+// silences Python warnings until the returned object is destroyed; the meta
+// run (whose warnings the CPU run raises again) happens inside it.
+using PythonWarningSilencer = std::shared_ptr<void> (*)();
+void set_python_warning_silencer(PythonWarningSilencer fn);
 
 // Decides how the call on top of `stack` runs (cached per signature).
 LaunchDecision plan_launch(const c10::OperatorHandle& op,

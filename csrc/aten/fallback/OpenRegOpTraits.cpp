@@ -41,6 +41,17 @@ constexpr OpPolicyRow kPolicy[] = {
     {"aten::addr.out", kRouteToFallback,
      "math_addr rounds beta * self, outer(vec1, vec2) and their sum "
      "separately"},
+    {"aten::mode.values", kRouteToFallback,
+     "the generic mode_out accepts only CPU, CUDA and XPU tensors"},
+    {"aten::ldexp.Tensor", kRouteToFallback,
+     "the generic kernel computes self * 2**other where no ldexp kernel is "
+     "registered, accepting exponent dtypes the CPU rejects"},
+    {"aten::ldexp.out", kRouteToFallback,
+     "the generic kernel computes self * 2**other where no ldexp kernel is "
+     "registered, accepting exponent dtypes the CPU rejects"},
+    {"aten::ldexp_", kRouteToFallback,
+     "the generic kernel computes self * 2**other where no ldexp kernel is "
+     "registered, accepting exponent dtypes the CPU rejects"},
     {"aten::arange", kScalarValuesMatter,
      "start, end and step decide the length of the result"},
     {"aten::range", kScalarValuesMatter,
@@ -84,7 +95,8 @@ std::unique_ptr<OpTraits> compute_traits(const c10::OperatorHandle& op) {
       t->policy |= row.policy;
     }
   }
-  t->has_cpu_kernel = op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+  // A CPU kernel of its own, or a composite one that serves the CPU.
+  t->has_cpu_kernel = op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
   const bool doubles_by_type = op.hasTag(at::Tag::pointwise) ||
                                schema.name().rfind("aten::_foreach_", 0) == 0 ||
                                schema.name().rfind("aten::_fused_", 0) == 0;
