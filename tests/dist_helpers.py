@@ -38,11 +38,14 @@ def _entry(fn, rank, world_size, init_file, backend, args, results, env):
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(fn, tmp_path, *args, world_size=2, backend=None, timeout=120, env=None):
+def run_ranks(
+    fn, tmp_path, *args, world_size=2, backend=None, timeout=120, env=None, allow_exit=()
+):
     """Runs fn on world_size ranks; returns the list of their return values.
 
     backend=None calls init_process_group() without a backend; "none" makes no
-    process group (fn does it itself).
+    process group (fn does it itself). Ranks in allow_exit may exit without
+    a result (their value is None).
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -54,8 +57,16 @@ def run_ranks(fn, tmp_path, *args, world_size=2, backend=None, timeout=120, env=
         )
         for r in range(world_size)
     ]
-    for p in procs:
-        p.start()
+    # The environment is inherited at start, before the child imports torch
+    # (settings such as TORCH_DISTRIBUTED_DEBUG are read at import).
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     deadline = time.monotonic() + timeout
     out = {}
     try:
@@ -67,8 +78,13 @@ def run_ranks(fn, tmp_path, *args, world_size=2, backend=None, timeout=120, env=
             try:
                 rank, status, value = results.get(timeout=min(remaining, 1.0))
             except queue.Empty:
+                for r in allow_exit:
+                    if procs[r].exitcode is not None and r not in out:
+                        out[r] = None
                 dead = [
-                    r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in out
+                    r
+                    for r, p in enumerate(procs)
+                    if p.exitcode is not None and r not in out and r not in allow_exit
                 ]
                 if dead:
                     raise RuntimeError(

@@ -6,7 +6,11 @@ openreg tensors is compared with the same collective on CPU tensors through
 plain Gloo in the same process group.
 """
 
+import os
+import subprocess
+import sys
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -238,3 +242,303 @@ def test_collectives_match_cpu(tmp_path):
 
 def test_stream_ordering_async_and_errors(tmp_path):
     run_ranks(_stream_semantics, tmp_path, timeout=120)
+
+
+# ---------------------------------------------------------------------------
+# Training end to end: DDP, FSDP2, DTensor, each compared with one process
+# training on the whole batch on the CPU.
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _batches(steps=3, batch=8):
+    g = torch.Generator().manual_seed(1)
+    return [
+        (torch.randn(batch, 8, generator=g), torch.randn(batch, 4, generator=g))
+        for _ in range(steps)
+    ]
+
+
+def _reference():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _batches():
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def _local(x, rank, world):
+    n = x.shape[0] // world
+    return x[rank * n : (rank + 1) * n]
+
+
+def _train_ddp(rank, world, device_ids):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    d = _dev(rank)
+    model = DDP(_mlp().to(d), device_ids=device_ids)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _batches():
+        opt.zero_grad()
+        out = model(_local(x, rank, world).to(d))
+        torch.nn.functional.mse_loss(out, _local(y, rank, world).to(d)).backward()
+        opt.step()
+    return [p.detach().cpu() for p in model.module.parameters()]
+
+
+def _train_fsdp2(rank, world):
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    d = _dev(rank)
+    model = _mlp().to(d)
+    for layer in (model[0], model[2]):
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _batches():
+        opt.zero_grad()
+        out = model(_local(x, rank, world).to(d))
+        torch.nn.functional.mse_loss(out, _local(y, rank, world).to(d)).backward()
+        opt.step()
+    params = []
+    for p in model.parameters():
+        assert isinstance(p, DTensor) and p.device.type == "openreg"
+        params.append(p.full_tensor().detach().cpu())
+    return params
+
+
+def _train_dtensor(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("openreg", (world,))
+    assert mesh.device_type == "openreg"
+    d = _dev(rank)
+    model = parallelize_module(_mlp().to(d), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _batches():  # tensor parallel: every rank sees the whole batch
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x.to(d)), y.to(d)).backward()
+        opt.step()
+    return [p.full_tensor().detach().cpu() for p in model.parameters()]
+
+
+def _training(rank, world):
+    ref = _reference()
+    results = {
+        "ddp device_ids=[rank]": _train_ddp(rank, world, [rank]),
+        "ddp device_ids=None": _train_ddp(rank, world, None),
+        "fsdp2": _train_fsdp2(rank, world),
+        "dtensor": _train_dtensor(rank, world),
+    }
+    for name, params in results.items():
+        assert len(params) == len(ref), name
+        for got, want in zip(params, ref, strict=True):
+            torch.testing.assert_close(got, want, msg=lambda m, n=name: f"{n}: {m}")
+    return sorted(results)
+
+
+def test_ddp_fsdp2_dtensor_match_single_process(tmp_path):
+    names = run_ranks(_training, tmp_path, timeout=170)
+    assert (
+        names[0] == names[1] == ["ddp device_ids=None", "ddp device_ids=[rank]", "dtensor", "fsdp2"]
+    )
+
+
+TRAIN_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+sys.path.insert(0, {tests!r})
+from test_distributed import _batches, _local, _mlp
+dist.init_process_group()
+rank, world = dist.get_rank(), dist.get_world_size()
+local = int(os.environ["LOCAL_RANK"])
+torch.openreg.set_device(local)
+d = torch.device("openreg", local)
+model = DDP(_mlp().to(d), device_ids=[local])
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in _batches():
+    opt.zero_grad()
+    out = model(_local(x, rank, world).to(d))
+    torch.nn.functional.mse_loss(out, _local(y, rank, world).to(d)).backward()
+    opt.step()
+assert next(model.parameters()).device == d
+torch.save([p.detach().cpu() for p in model.module.parameters()], {out!r} + f"/rank{{rank}}.pt")
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_trains_with_ddp(tmp_path):
+    script = tmp_path / "train.py"
+    tests = os.path.dirname(os.path.abspath(__file__))
+    script.write_text(TRAIN_SCRIPT.format(tests=tests, out=str(tmp_path)))
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OPENREG_FALLBACK_WARNINGS="0")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+    ]
+    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ref = _reference()
+    for r in range(2):
+        for got, want in zip(torch.load(tmp_path / f"rank{r}.pt"), ref, strict=True):
+            torch.testing.assert_close(got, want)
+
+
+# ---------------------------------------------------------------------------
+# Backend strings and faults.
+
+
+def _backend_strings(rank, world):
+    d = _dev(rank)
+    # init_process_group("gloo") (run_ranks' backend): openreg tensors work.
+    t = torch.full((3,), float(rank + 1), device=d)
+    dist.all_reduce(t)
+    assert torch.equal(t.cpu(), torch.full((3,), 3.0))
+    assert dist.group.WORLD._get_backend(torch.device("openreg")).name() == "orccl"
+    for backend in ("cpu:gloo,openreg:gloo", "cpu:gloo,openreg:orccl", "orccl"):
+        g = dist.new_group(backend=backend)
+        u = torch.ones(2, device=d)
+        dist.all_reduce(u, group=g)
+        c = torch.ones(2)
+        dist.all_reduce(c, group=g)
+        assert torch.equal(u.cpu(), c) and torch.equal(c, torch.full((2,), 2.0)), backend
+    try:
+        dist.new_group(backend="cpu:gloo,nosuchdevice:orccl")
+    except ValueError as e:
+        assert "nosuchdevice" in str(e), e
+    else:
+        raise AssertionError("unknown device accepted")
+    return True
+
+
+def test_backend_strings(tmp_path):
+    run_ranks(_backend_strings, tmp_path, backend="gloo", timeout=120)
+
+
+def _init(rank, world, seconds):
+    dist.init_process_group(
+        backend="cpu:gloo,openreg:orccl",
+        init_method=os.environ["OPENREG_TEST_INIT"],
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=seconds),
+    )
+
+
+def _mismatch(rank, world):
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL: PyTorch's collective checks (which need
+    # the backend's sequence numbers) name the mismatch before Gloo runs.
+    d = _dev(rank)
+    errors = []
+    for shape, dtype in (
+        ((4,) if rank == 0 else (8,), torch.float32),
+        ((4,), torch.float32 if rank == 0 else torch.int64),
+    ):
+        try:
+            dist.all_reduce(torch.ones(shape, dtype=dtype, device=d))
+        except RuntimeError as e:
+            errors.append(str(e))
+    assert len(errors) == 2, errors
+    assert all("mismatch between collectives" in e for e in errors), errors
+    assert "TensorShape=[8]" in errors[0] or "TensorShape=[4]" in errors[0]
+    assert "Long" in errors[1] or "Float" in errors[1]
+    return True
+
+
+def test_mismatched_shapes_and_dtypes_detail_mode(tmp_path):
+    run_ranks(_mismatch, tmp_path, backend="orccl", env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+
+
+MISMATCH_SCRIPT = """
+import os, torch, torch.distributed as dist
+rank = int(os.environ["RANK"])
+dist.init_process_group("orccl", init_method={init!r}, rank=rank, world_size=2)
+t = torch.ones(4 if rank == 0 else 8, device=torch.device("openreg", rank))
+dist.all_reduce(t)
+t.cpu()
+"""
+
+
+def test_mismatched_shapes_default_mode_abort_with_message(tmp_path):
+    # Without the debug mode Gloo itself finds the size mismatch and aborts
+    # the process with its message, exactly as for CPU tensors: an error, not
+    # a hang.
+    script = tmp_path / "mismatch.py"
+    script.write_text(MISMATCH_SCRIPT.format(init=f"file://{tmp_path}/init"))
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OPENREG_FALLBACK_WARNINGS="0")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            env=dict(env, RANK=str(r)),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode != 0 for p in procs)
+    assert any("collective mismatch" in e for e in errs), errs
+
+
+def _stuck_peer(rank, world):
+    _init(rank, world, seconds=3)
+    if rank == 1:
+        time.sleep(10)  # alive but never joins the collective
+        return None
+    t = torch.ones(4, device=_dev(rank))
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        t.cpu()  # the collective's error is raised at the synchronization
+    except RuntimeError as e:
+        return str(e), time.monotonic() - start
+    raise AssertionError("no timeout")
+
+
+def _dead_peer(rank, world):
+    _init(rank, world, seconds=30)
+    if rank == 1:
+        os._exit(0)  # dies without a word
+    time.sleep(2)
+    t = torch.ones(4, device=_dev(rank))
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t, async_op=True).wait(timedelta(seconds=30))
+    except RuntimeError as e:
+        return str(e), time.monotonic() - start
+    raise AssertionError("no error")
+
+
+def test_stuck_peer_times_out(tmp_path):
+    init = {"OPENREG_TEST_INIT": f"file://{tmp_path}/init"}
+    (msg, seconds), _ = run_ranks(_stuck_peer, tmp_path, backend="none", env=init)
+    assert "c10d::allreduce" in msg and "imed out" in msg, msg
+    assert seconds < 9, seconds
+
+
+def test_dead_peer_raises(tmp_path):
+    init = {"OPENREG_TEST_INIT": f"file://{tmp_path}/init"}
+    out = run_ranks(_dead_peer, tmp_path, backend="none", env=init, world_size=2, allow_exit=(1,))
+    msg, seconds = out[0]
+    assert "closed by peer" in msg or "Connection" in msg, msg
+    assert seconds < 30, seconds

@@ -252,6 +252,14 @@ void ProcessGroupOpenReg::setTimeout(std::chrono::milliseconds timeout) {
   gloo_->setTimeout(timeout);
 }
 
+void ProcessGroupOpenReg::setSequenceNumberForGroup() {
+  gloo_->setSequenceNumberForGroup();
+}
+
+uint64_t ProcessGroupOpenReg::getSequenceNumberForGroup() {
+  return gloo_->getSequenceNumberForGroup();
+}
+
 OpenRegStream ProcessGroupOpenReg::comm_stream(c10::DeviceIndex device) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = comm_streams_.find(device);

@@ -49,6 +49,10 @@ class ProcessGroupOpenReg final : public c10d::Backend {
 
   const std::string getBackendName() const override { return "orccl"; }
   void setTimeout(std::chrono::milliseconds timeout) override;
+  // Gloo's sequence numbers (TORCH_DISTRIBUTED_DEBUG=DETAIL's collective
+  // checks need them).
+  void setSequenceNumberForGroup() override;
+  uint64_t getSequenceNumberForGroup() override;
   c10::intrusive_ptr<c10d::Backend> gloo() const { return gloo_; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(
