@@ -64,6 +64,7 @@ test-runtime-asan:
 
 bench: build
 	$(PY) benchmarks/bench.py
+	$(PY) benchmarks/bench_distributed.py
 
 # Every OpInfo of PyTorch's op database, every CPU dtype, forward and
 # gradients, openreg vs CPU (~6 min); report in build/opinfo-report.md.

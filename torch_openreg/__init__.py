@@ -15,6 +15,7 @@ import time
 import torch
 
 from torch_openreg import _C  # noqa: F401  (loading it registers the C++ side)
+from torch_openreg import distributed as _distributed
 from torch_openreg import openreg as _device_module
 
 __all__ = ["BACKEND_NAME"]
@@ -66,6 +67,7 @@ def _fix_dlpack_device() -> None:
 
 _register()
 _fix_dlpack_device()
+_distributed._register()
 
 
 def _drain_at_exit() -> None:

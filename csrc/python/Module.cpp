@@ -18,6 +18,7 @@
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
+#include "distributed/OpenRegProcessGroup.h"
 #include "memory/OpenRegAllocator.h"
 #include "random/OpenRegGenerator.h"
 #include "serialization/OpenRegBackendMeta.h"
@@ -283,6 +284,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("_host_reset_peak_stats", [] { host_allocator()->reset_peak_stats(); });
   m.def("_host_reset_accumulated_stats",
         [] { host_allocator()->reset_accumulated_stats(); });
+  // [doc:c10d-binding]
+  m.def(
+      "_create_orccl_backend",
+      [](const c10::intrusive_ptr<c10d::Backend>& gloo, int rank,
+         int size) -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<distributed::ProcessGroupOpenReg>(gloo, rank,
+                                                                     size);
+      },
+      py::arg("gloo"), py::arg("rank"), py::arg("size"));
+  // [/doc:c10d-binding]
   m.def(
       "_get_default_generator",
       [](c10::DeviceIndex device) {

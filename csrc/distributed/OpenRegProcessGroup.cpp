@@ -1,0 +1,547 @@
+#include "distributed/OpenRegProcessGroup.h"
+
+#include <ATen/core/ivalue.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+
+#include <condition_variable>
+#include <thread>
+
+#include "aten/OpenRegKernelView.h"
+#include "aten/OpenRegLaunch.h"
+#include "core/OpenRegException.h"
+#include "core/OpenRegFunctions.h"
+
+namespace openreg::distributed {
+
+namespace {
+
+bool is_openreg(const at::Tensor& t) {
+  return t.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+// [doc:c10d-alias]
+// A CPU tensor over the kernel view of `t`'s bytes (same sizes, strides and
+// offset), owning a reference to the device storage: Gloo reads and writes
+// device memory in place, and the block cannot be freed and reused while
+// Gloo (or its queue) still holds the alias.
+at::Tensor gloo_alias(const at::Tensor& t) {
+  if (!is_openreg(t)) {
+    return t;
+  }
+  const c10::Storage& storage = t.storage();
+  void* base = kernel_base(storage);
+  auto* keep = new c10::Storage(storage);
+  c10::DataPtr data(
+      base, keep, [](void* ctx) { delete static_cast<c10::Storage*>(ctx); },
+      c10::Device(c10::DeviceType::CPU));
+  c10::Storage cpu(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), storage.nbytes(), std::move(data),
+      /*allocator=*/nullptr, /*resizable=*/false));
+  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(cpu), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(),
+                                                     t.storage_offset());
+  return alias;
+}
+// [/doc:c10d-alias]
+
+std::vector<at::Tensor> gloo_aliases(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const at::Tensor& t : ts) {
+    out.push_back(gloo_alias(t));
+  }
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> gloo_aliases(
+    const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<std::vector<at::Tensor>> out;
+  out.reserve(lists.size());
+  for (const auto& ts : lists) {
+    out.push_back(gloo_aliases(ts));
+  }
+  return out;
+}
+
+std::vector<at::Tensor> flat(
+    std::initializer_list<std::vector<at::Tensor>> parts) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : parts) {
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+
+std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& ls) {
+  std::vector<at::Tensor> out;
+  for (const auto& l : ls) {
+    out.insert(out.end(), l.begin(), l.end());
+  }
+  return out;
+}
+
+// The openreg device every openreg tensor of a call is on (-1 if none).
+// Gloo on the aliases needs dense, contiguous tensors.
+c10::DeviceIndex common_device(const std::vector<at::Tensor>& tensors,
+                               const char* op) {
+  c10::DeviceIndex device = -1;
+  bool cpu = false;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined()) {
+      continue;
+    }
+    if (!is_openreg(t)) {
+      cpu = true;
+      continue;
+    }
+    TORCH_CHECK(device == -1 || device == t.device().index(), "orccl ", op,
+                ": all openreg tensors of one call must be on one device, got "
+                "openreg:",
+                static_cast<int>(device), " and ", t.device());
+    device = t.device().index();
+    TORCH_CHECK(t.layout() == c10::kStrided, "orccl ", op,
+                ": only dense tensors are supported, got layout ", t.layout());
+    TORCH_CHECK(t.is_contiguous(), "orccl ", op,
+                ": tensors must be contiguous, got sizes ", t.sizes(),
+                " with strides ", t.strides(), " (call .contiguous() first)");
+  }
+  TORCH_CHECK(device == -1 || !cpu, "orccl ", op,
+              ": cannot mix CPU and openreg tensors in one collective");
+  return device;
+}
+
+void check_reduce_op(const c10d::ReduceOp& op, const char* name) {
+  // Checked here, on the host: Gloo would only find out on the stream.
+  TORCH_CHECK(
+      op != c10d::ReduceOp::PREMUL_SUM, "orccl ", name,
+      ": ReduceOp PREMUL_SUM is NCCL's and not supported by Gloo (scale "
+      "the input and use SUM)");
+}
+
+// [doc:c10d-work-state]
+// The state of one collective, shared by the Work the caller holds and the
+// tasks queued on the streams. Thread-safe.
+class CommState {
+ public:
+  // Called once by the communication-stream task: what Gloo returned, or the
+  // error Gloo raised when the call was made.
+  void issued(c10::intrusive_ptr<c10d::Work> work, std::exception_ptr error) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      work_ = std::move(work);
+      error_ = error;
+      issued_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  // Blocks until the collective has finished; rethrows its error.
+  void wait() {
+    c10::intrusive_ptr<c10d::Work> work;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return issued_; });
+      if (error_) {
+        std::rethrow_exception(error_);
+      }
+      work = work_;
+    }
+    work->wait();
+  }
+
+  // True once the collective has finished (successfully or not).
+  bool completed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return issued_ && (error_ || work_->isCompleted());
+  }
+
+  std::exception_ptr error() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_ || !issued_ || !work_->isCompleted()) {
+      return error_;
+    }
+    return work_->exception();
+  }
+
+ private:
+  std::mutex mu_;  // guards the fields below
+  std::condition_variable cv_;
+  bool issued_ = false;
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::exception_ptr error_;
+};
+// [/doc:c10d-work-state]
+
+// [doc:c10d-work]
+class OpenRegWork final : public c10d::Work {
+ public:
+  OpenRegWork(int rank, c10d::OpType op, std::string name,
+              c10::DeviceIndex device, std::shared_ptr<CommState> state,
+              std::vector<at::Tensor> outputs,
+              c10::intrusive_ptr<c10::ivalue::Future> future)
+      : c10d::Work(rank, op),
+        name_(std::move(name)),
+        device_(device),
+        state_(std::move(state)),
+        outputs_(std::move(outputs)),
+        future_(std::move(future)) {}
+
+  bool isCompleted() override { return state_->completed(); }
+  bool isSuccess() const override {
+    return state_->completed() && !state_->error();
+  }
+  std::exception_ptr exception() const override { return state_->error(); }
+  std::vector<at::Tensor> result() override { return outputs_; }
+
+  // Orders the caller's current stream after the collective: a task on it
+  // waits for the collective and re-raises its error there (raised at the
+  // next synchronization of the stream, naming the collective).
+  void synchronize() override {
+    launch_async(device_, name_ + " (wait)",
+                 [state = state_] { state->wait(); });
+  }
+
+  // Without a timeout the host does not block (as with NCCL); with one, the
+  // host waits up to `timeout` and raises the collective's error itself.
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (timeout != kNoTimeout) {
+      const auto until = std::chrono::steady_clock::now() + timeout;
+      while (!state_->completed()) {
+        TORCH_CHECK(std::chrono::steady_clock::now() < until, "orccl ", name_,
+                    ": timed out after ", timeout.count(), " ms");
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      state_->wait();
+    }
+    synchronize();
+    return true;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    TORCH_CHECK(future_, "orccl ", name_,
+                ": point-to-point work has no future (as with Gloo); use "
+                "wait()");
+    return future_;
+  }
+
+ private:
+  std::string name_;
+  c10::DeviceIndex device_;
+  std::shared_ptr<CommState> state_;
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+// [/doc:c10d-work]
+
+}  // namespace
+
+ProcessGroupOpenReg::ProcessGroupOpenReg(c10::intrusive_ptr<c10d::Backend> gloo,
+                                         int rank, int size)
+    : c10d::Backend(rank, size), gloo_(std::move(gloo)) {
+  TORCH_CHECK(gloo_, "orccl: no Gloo process group given");
+  TORCH_CHECK(gloo_->getRank() == rank && gloo_->getSize() == size,
+              "orccl: the Gloo process group is rank ", gloo_->getRank(),
+              " of ", gloo_->getSize(), ", expected rank ", rank, " of ", size);
+}
+
+ProcessGroupOpenReg::~ProcessGroupOpenReg() = default;
+
+void ProcessGroupOpenReg::setTimeout(std::chrono::milliseconds timeout) {
+  gloo_->setTimeout(timeout);
+}
+
+void ProcessGroupOpenReg::setSequenceNumberForGroup() {
+  gloo_->setSequenceNumberForGroup();
+}
+
+uint64_t ProcessGroupOpenReg::getSequenceNumberForGroup() {
+  return gloo_->getSequenceNumberForGroup();
+}
+
+OpenRegStream ProcessGroupOpenReg::comm_stream(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = comm_streams_.find(device);
+  if (it == comm_streams_.end()) {
+    // A stream of its own: Gloo blocks it while waiting for the peers, so
+    // nothing else may be queued behind it (a pool stream would be shared).
+    it = comm_streams_.emplace(device, getNewStream(device, 0)).first;
+  }
+  return it->second;
+}
+
+// [doc:c10d-launch]
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch(
+    c10d::OpType op, const char* name, const std::vector<at::Tensor>& tensors,
+    std::vector<at::Tensor> outputs, Kind kind, Issue issue) {
+  const c10::DeviceIndex device = common_device(tensors, name);
+  if (device < 0) {
+    return issue();  // CPU tensors only: plain Gloo
+  }
+  const std::string op_name = std::string("c10d::") + name;
+  const OpenRegStream current = getCurrentStream(device);
+  const OpenRegStream comm = comm_stream(device);
+
+  // 1. The communication stream waits for the work queued so far.
+  c10::Event ready(c10::DeviceType::PrivateUse1);
+  ready.record(current.unwrap());
+  ready.block(comm.unwrap());
+
+  // 2. Gloo is called from the communication stream, in stream order; for a
+  // collective the stream then waits for it to finish.
+  auto state = std::make_shared<CommState>();
+  const c10::StreamGuard on_comm(comm.unwrap());
+  launch_async(device, op_name, [state, issue = std::move(issue), kind] {
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = issue();
+    } catch (...) {
+      state->issued(nullptr, std::current_exception());
+      throw;
+    }
+    state->issued(work, nullptr);
+    if (kind == Kind::kCollective) {
+      state->wait();
+    }
+  });
+
+  // 3. The future completes at launch; its events, recorded on the
+  // communication stream, make whoever waits on it wait for the collective.
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  if (kind == Kind::kCollective) {
+    future = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()),
+        std::vector<c10::Device>{
+            c10::Device(c10::DeviceType::PrivateUse1, device)});
+    future->markCompleted(c10::IValue(outputs));
+  }
+  return c10::make_intrusive<OpenRegWork>(getRank(), op, op_name, device,
+                                          std::move(state), std::move(outputs),
+                                          std::move(future));
+}
+// [/doc:c10d-launch]
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::broadcast(
+    std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  auto views = gloo_aliases(tensors);
+  return launch(
+      c10d::OpType::BROADCAST, "broadcast", tensors, tensors, Kind::kCollective,
+      [g = gloo_, views, opts]() mutable { return g->broadcast(views, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::allreduce(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  check_reduce_op(opts.reduceOp, "allreduce");
+  auto views = gloo_aliases(tensors);
+  return launch(
+      c10d::OpType::ALLREDUCE, "allreduce", tensors, tensors, Kind::kCollective,
+      [g = gloo_, views, opts]() mutable { return g->allreduce(views, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors,
+    const c10d::AllreduceCoalescedOptions& opts) {
+  check_reduce_op(opts.reduceOp, "allreduce_coalesced");
+  auto views = gloo_aliases(tensors);
+  return launch(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced",
+                tensors, tensors, Kind::kCollective,
+                [g = gloo_, views, opts]() mutable {
+                  return g->allreduce_coalesced(views, opts);
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::reduce(
+    std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  check_reduce_op(opts.reduceOp, "reduce");
+  auto views = gloo_aliases(tensors);
+  return launch(
+      c10d::OpType::REDUCE, "reduce", tensors, tensors, Kind::kCollective,
+      [g = gloo_, views, opts]() mutable { return g->reduce(views, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs,
+    std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  auto out = gloo_aliases(outputs);
+  auto in = gloo_aliases(inputs);
+  return launch(c10d::OpType::ALLGATHER, "allgather",
+                flat({flat(outputs), inputs}), flat(outputs), Kind::kCollective,
+                [g = gloo_, out, in, opts]() mutable {
+                  return g->allgather(out, in, opts);
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  auto out = gloo_alias(output);
+  auto in = gloo_alias(input);
+  return launch(c10d::OpType::_ALLGATHER_BASE, "_allgather_base",
+                {output, input}, {output}, Kind::kCollective,
+                [g = gloo_, out, in, opts]() mutable {
+                  return g->_allgather_base(out, in, opts);
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs,
+    std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  auto out = gloo_aliases(outputs);
+  auto in = gloo_aliases(inputs);
+  return launch(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced",
+                flat({flat(outputs), inputs}), flat(outputs), Kind::kCollective,
+                [g = gloo_, out, in, opts]() mutable {
+                  return g->allgather_coalesced(out, in, opts);
+                });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupOpenReg::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  auto out = gloo_aliases(outputs);
+  auto in = gloo_aliases(inputs);
+  return launch(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced",
+                flat({outputs, inputs}), outputs, Kind::kCollective,
+                [g = gloo_, out, in, opts]() mutable {
+                  return g->allgather_into_tensor_coalesced(out, in, opts);
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::gather(
+    std::vector<std::vector<at::Tensor>>& outputs,
+    std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  auto out = gloo_aliases(outputs);
+  auto in = gloo_aliases(inputs);
+  return launch(c10d::OpType::GATHER, "gather", flat({flat(outputs), inputs}),
+                flat(outputs), Kind::kCollective,
+                [g = gloo_, out, in, opts]() mutable {
+                  return g->gather(out, in, opts);
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::scatter(
+    std::vector<at::Tensor>& outputs,
+    std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  auto out = gloo_aliases(outputs);
+  auto in = gloo_aliases(inputs);
+  return launch(c10d::OpType::SCATTER, "scatter", flat({outputs, flat(inputs)}),
+                outputs, Kind::kCollective,
+                [g = gloo_, out, in, opts]() mutable {
+                  return g->scatter(out, in, opts);
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::reduce_scatter(
+    std::vector<at::Tensor>& outputs,
+    std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  check_reduce_op(opts.reduceOp, "reduce_scatter");
+  auto out = gloo_aliases(outputs);
+  auto in = gloo_aliases(inputs);
+  return launch(c10d::OpType::REDUCE_SCATTER, "reduce_scatter",
+                flat({outputs, flat(inputs)}), outputs, Kind::kCollective,
+                [g = gloo_, out, in, opts]() mutable {
+                  return g->reduce_scatter(out, in, opts);
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input,
+    const c10d::ReduceScatterOptions& opts) {
+  check_reduce_op(opts.reduceOp, "_reduce_scatter_base");
+  auto out = gloo_alias(output);
+  auto in = gloo_alias(input);
+  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base",
+                {output, input}, {output}, Kind::kCollective,
+                [g = gloo_, out, in, opts]() mutable {
+                  return g->_reduce_scatter_base(out, in, opts);
+                });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupOpenReg::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  check_reduce_op(opts.reduceOp, "reduce_scatter_tensor_coalesced");
+  auto out = gloo_aliases(outputs);
+  auto in = gloo_aliases(inputs);
+  return launch(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced",
+                flat({outputs, inputs}), outputs, Kind::kCollective,
+                [g = gloo_, out, in, opts]() mutable {
+                  return g->reduce_scatter_tensor_coalesced(out, in, opts);
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::alltoall_base(
+    at::Tensor& output, at::Tensor& input,
+    std::vector<int64_t>& output_split_sizes,
+    std::vector<int64_t>& input_split_sizes,
+    const c10d::AllToAllOptions& opts) {
+  auto out = gloo_alias(output);
+  auto in = gloo_alias(input);
+  return launch(
+      c10d::OpType::ALLTOALL_BASE, "alltoall_base", {output, input}, {output},
+      Kind::kCollective,
+      [g = gloo_, out, in, os = output_split_sizes, is = input_split_sizes,
+       opts]() mutable { return g->alltoall_base(out, in, os, is, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::alltoall(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllToAllOptions& opts) {
+  auto out = gloo_aliases(outputs);
+  auto in = gloo_aliases(inputs);
+  return launch(c10d::OpType::ALLTOALL, "alltoall", flat({outputs, inputs}),
+                outputs, Kind::kCollective,
+                [g = gloo_, out, in, opts]() mutable {
+                  return g->alltoall(out, in, opts);
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::send(
+    std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  auto views = gloo_aliases(tensors);
+  return launch(c10d::OpType::SEND, "send", tensors, {}, Kind::kPointToPoint,
+                [g = gloo_, views, dst_rank, tag]() mutable {
+                  return g->send(views, dst_rank, tag);
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::recv(
+    std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  auto views = gloo_aliases(tensors);
+  return launch(c10d::OpType::RECV, "recv", tensors, tensors,
+                Kind::kPointToPoint,
+                [g = gloo_, views, src_rank, tag]() mutable {
+                  return g->recv(views, src_rank, tag);
+                });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::recvAnysource(
+    std::vector<at::Tensor>& tensors, int tag) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      common_device(tensors, "recv") < 0,
+      "orccl: recv from any source is not supported for openreg tensors "
+      "(the source would be known only after the stream ran); pass src=");
+  return gloo_->recvAnysource(tensors, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::barrier(
+    const c10d::BarrierOptions& opts) {
+  // A host-side rendezvous: the device work queued so far finishes first, as
+  // ProcessGroupNCCL's barrier (a device all-reduce the host waits for) does.
+  if (is_initialized()) {
+    const c10::DeviceIndex device =
+        opts.device && opts.device->type() == c10::DeviceType::PrivateUse1
+            ? opts.device->index()
+            : current_device();
+    if (device >= 0) {
+      getCurrentStream(device).synchronize();
+    }
+  }
+  return gloo_->barrier(opts);
+}
+
+}  // namespace openreg::distributed

@@ -1,0 +1,138 @@
+// The c10d backend for openreg tensors ("orccl"): collectives on device memory,
+// carried out by PyTorch's Gloo process group and ordered with openreg streams
+// the way ProcessGroupNCCL orders NCCL kernels with CUDA streams.
+//
+// How a collective runs (see OpenRegProcessGroup.cpp):
+//  1. The caller's current stream records an event; the backend's
+//     communication stream (one per device, dedicated) waits for it, so the
+//     collective sees every kernel queued before the call.
+//  2. A task on the communication stream hands Gloo CPU tensors that alias
+//     the device memory through the kernel view (orGetKernelPointer): no copy.
+//     The aliases own a reference to the device storage, so the memory stays
+//     allocated while Gloo still uses it.
+//  3. For collectives the next task on the communication stream waits for
+//     Gloo to finish; the Work's future is completed at launch with events
+//     recorded on the communication stream (NCCL's model).
+//  4. Work::wait() queues, on the caller's current stream, a task that waits
+//     for the collective and re-raises its error: later work on that stream
+//     is ordered after the collective, the host does not block, and a failure
+//     (mismatch, timeout, dead peer) is raised at the next synchronization
+//     naming the collective. wait(timeout) with a timeout blocks the host.
+//
+// Deadlock freedom: Gloo blocks until the peers arrive, so it only ever runs
+// on the communication stream (no other work is queued there) or on Gloo's own
+// threads, never on a stream that user kernels need, and no task touches
+// Python (no GIL). Point-to-point operations are only issued on the
+// communication stream (not waited for there), so matching send/recv pairs
+// issued in any order by two ranks cannot block each other.
+//
+// CPU tensors go straight to Gloo: one process group serves "cpu" and
+// "openreg" tensors.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <unordered_map>
+
+#include "core/OpenRegStream.h"
+
+namespace openreg::distributed {
+
+class ProcessGroupOpenReg final : public c10d::Backend {
+ public:
+  // `gloo` is a ProcessGroupGloo of the same rank and size (created by the
+  // Python creator function on its own store prefix); this backend owns it.
+  ProcessGroupOpenReg(c10::intrusive_ptr<c10d::Backend> gloo, int rank,
+                      int size);
+  ~ProcessGroupOpenReg() override;
+
+  const std::string getBackendName() const override { return "orccl"; }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  // Gloo's sequence numbers (TORCH_DISTRIBUTED_DEBUG=DETAIL's collective
+  // checks need them).
+  void setSequenceNumberForGroup() override;
+  uint64_t getSequenceNumberForGroup() override;
+  c10::intrusive_ptr<c10d::Backend> gloo() const { return gloo_; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(
+      std::vector<at::Tensor>& tensors,
+      const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(
+      std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
+      at::Tensor& output, at::Tensor& input,
+      std::vector<int64_t>& output_split_sizes,
+      std::vector<int64_t>& input_split_sizes,
+      const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors,
+                                      int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors,
+                                      int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(
+      const c10d::BarrierOptions& opts) override;
+
+ private:
+  // What a collective hands to Gloo: a call over the CPU aliases.
+  using Issue = std::function<c10::intrusive_ptr<c10d::Work>()>;
+  enum class Kind { kCollective, kPointToPoint };
+
+  // Runs `issue` ordered with the current stream of the device of
+  // `tensors` (all on one openreg device), or directly when every tensor is
+  // a CPU tensor. `outputs` are the Work's result and future value.
+  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType op, const char* name,
+                                        const std::vector<at::Tensor>& tensors,
+                                        std::vector<at::Tensor> outputs,
+                                        Kind kind, Issue issue);
+  OpenRegStream comm_stream(c10::DeviceIndex device);
+
+  c10::intrusive_ptr<c10d::Backend> gloo_;
+  std::mutex mutex_;  // guards comm_streams_
+  std::unordered_map<c10::DeviceIndex, OpenRegStream> comm_streams_;
+};
+
+}  // namespace openreg::distributed

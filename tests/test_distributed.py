@@ -1,0 +1,544 @@
+"""torch.distributed on openreg: the orccl backend (Gloo over device memory).
+
+Every check runs in spawned processes (tests/dist_helpers.py) joined through
+a file in tmp_path, Gloo on the loopback interface. Each collective on
+openreg tensors is compared with the same collective on CPU tensors through
+plain Gloo in the same process group.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from dist_helpers import run_ranks
+
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int8,
+    torch.uint8,
+]
+
+
+def _dev(rank):
+    return torch.device("openreg", rank)
+
+
+def _values(rank, shape, dtype, salt=0):
+    g = torch.Generator().manual_seed(1000 * rank + salt)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(1, 5, shape, generator=g).to(dtype)
+
+
+def _check_close(got, want, what):
+    got = got.cpu() if isinstance(got, torch.Tensor) else got
+    torch.testing.assert_close(got, want, msg=lambda m: f"{what}: {m}", atol=1e-2, rtol=1e-2)
+
+
+# ---------------------------------------------------------------------------
+# Collectives: one job, one process group (init_process_group() with no
+# backend: cpu:gloo for the CPU twins, orccl for openreg tensors).
+
+
+def _collectives(rank, world):
+    d = _dev(rank)
+    pg = dist.group.WORLD
+    assert pg._get_backend(torch.device("openreg")).name() == "orccl"
+    assert pg._get_backend(torch.device("cpu")).name() == "gloo"
+
+    # all_reduce: every op Gloo supports, every dtype.
+    ops = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
+    int_ops = [dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR]
+    for dtype in DTYPES:
+        for i, op in enumerate(ops + (int_ops if not dtype.is_floating_point else [])):
+            cpu = _values(rank, (5, 3), dtype, salt=i)
+            dev = cpu.to(d)
+            dist.all_reduce(cpu, op=op)
+            dist.all_reduce(dev, op=op)
+            _check_close(dev, cpu, f"all_reduce {op} {dtype}")
+        if dtype.is_floating_point:
+            cpu = _values(rank, (5, 3), dtype, salt=9)
+            dev = cpu.to(d)
+            dist.all_reduce(cpu, op=dist.ReduceOp.AVG)
+            dist.all_reduce(dev, op=dist.ReduceOp.AVG)
+            _check_close(dev, cpu, f"all_reduce AVG {dtype}")
+
+    # broadcast, reduce from both roots.
+    for root in range(world):
+        cpu = _values(rank, (4, 4), torch.float32, salt=root)
+        dev = cpu.to(d)
+        dist.broadcast(cpu, src=root)
+        dist.broadcast(dev, src=root)
+        _check_close(dev, cpu, "broadcast")
+        cpu = _values(rank, (7,), torch.float64, salt=root)
+        dev = cpu.to(d)
+        dist.reduce(cpu, dst=root, op=dist.ReduceOp.MAX)
+        dist.reduce(dev, dst=root, op=dist.ReduceOp.MAX)
+        _check_close(dev, cpu, "reduce")
+
+    # all_gather (list and into one tensor), gather, scatter.
+    x = _values(rank, (3, 2), torch.float32)
+    outs_cpu = [torch.empty(3, 2) for _ in range(world)]
+    outs_dev = [torch.empty(3, 2, device=d) for _ in range(world)]
+    dist.all_gather(outs_cpu, x)
+    dist.all_gather(outs_dev, x.to(d))
+    for a, b in zip(outs_dev, outs_cpu, strict=True):
+        _check_close(a, b, "all_gather")
+    big_cpu = torch.empty(world * 3, 2)
+    big_dev = torch.empty(world * 3, 2, device=d)
+    dist.all_gather_into_tensor(big_cpu, x)
+    dist.all_gather_into_tensor(big_dev, x.to(d))
+    _check_close(big_dev, big_cpu, "all_gather_into_tensor")
+    gather_cpu = [torch.empty(3, 2) for _ in range(world)] if rank == 0 else None
+    gather_dev = [torch.empty(3, 2, device=d) for _ in range(world)] if rank == 0 else None
+    dist.gather(x, gather_cpu, dst=0)
+    dist.gather(x.to(d), gather_dev, dst=0)
+    if rank == 0:
+        for a, b in zip(gather_dev, gather_cpu, strict=True):
+            _check_close(a, b, "gather")
+    chunks = [_values(9, (2, 2), torch.float32, salt=i) for i in range(world)]
+    sc_cpu = torch.empty(2, 2)
+    sc_dev = torch.empty(2, 2, device=d)
+    dist.scatter(sc_cpu, chunks if rank == 1 else None, src=1)
+    dist.scatter(sc_dev, [c.to(d) for c in chunks] if rank == 1 else None, src=1)
+    _check_close(sc_dev, sc_cpu, "scatter")
+
+    # reduce_scatter (list and tensor).
+    parts = [_values(rank, (4,), torch.float32, salt=i) for i in range(world)]
+    rs_cpu = torch.empty(4)
+    rs_dev = torch.empty(4, device=d)
+    dist.reduce_scatter(rs_cpu, parts)
+    dist.reduce_scatter(rs_dev, [p.to(d) for p in parts])
+    _check_close(rs_dev, rs_cpu, "reduce_scatter")
+    inp = _values(rank, (world * 4,), torch.float32, salt=5)
+    dist.reduce_scatter_tensor(rs_cpu, inp)
+    dist.reduce_scatter_tensor(rs_dev, inp.to(d))
+    _check_close(rs_dev, rs_cpu, "reduce_scatter_tensor")
+
+    # all_to_all (list) and all_to_all_single (even and uneven splits).
+    ins = [_values(rank, (2, 3), torch.float32, salt=i) for i in range(world)]
+    a2a_cpu = [torch.empty(2, 3) for _ in range(world)]
+    a2a_dev = [torch.empty(2, 3, device=d) for _ in range(world)]
+    dist.all_to_all(a2a_cpu, ins)
+    dist.all_to_all(a2a_dev, [t.to(d) for t in ins])
+    for a, b in zip(a2a_dev, a2a_cpu, strict=True):
+        _check_close(a, b, "all_to_all")
+    single = _values(rank, (world * 2, 3), torch.float32, salt=7)
+    s_cpu = torch.empty(world * 2, 3)
+    s_dev = torch.empty(world * 2, 3, device=d)
+    dist.all_to_all_single(s_cpu, single)
+    dist.all_to_all_single(s_dev, single.to(d))
+    _check_close(s_dev, s_cpu, "all_to_all_single")
+    in_splits = [1, 3] if rank == 0 else [2, 2]
+    out_splits = [1, 2] if rank == 0 else [3, 2]
+    uneven = _values(rank, (4, 3), torch.float32, salt=8)
+    u_cpu = torch.empty(sum(out_splits), 3)
+    u_dev = torch.empty(sum(out_splits), 3, device=d)
+    dist.all_to_all_single(u_cpu, uneven, out_splits, in_splits)
+    dist.all_to_all_single(u_dev, uneven.to(d), out_splits, in_splits)
+    _check_close(u_dev, u_cpu, "all_to_all_single uneven")
+
+    # send/recv, isend/irecv, batch_isend_irecv (both directions at once).
+    peer = 1 - rank
+    msg = _values(rank, (6,), torch.float32, salt=11)
+    got = torch.empty(6, device=d)
+    if rank == 0:
+        dist.send(msg.to(d), dst=peer)
+        dist.recv(got, src=peer)
+    else:
+        dist.recv(got, src=peer)
+        dist.send(msg.to(d), dst=peer)
+    _check_close(got, _values(peer, (6,), torch.float32, salt=11), "send/recv")
+    big = torch.full((1 << 20,), float(rank), device=d)  # 4 MB each way
+    got_big = torch.empty(1 << 20, device=d)
+    reqs = [dist.isend(big, dst=peer), dist.irecv(got_big, src=peer)]
+    for r in reqs:
+        r.wait()
+    assert torch.equal(got_big.cpu(), torch.full((1 << 20,), float(peer)))
+    ops_p2p = [
+        dist.P2POp(dist.isend, msg.to(d) * 2, peer),
+        dist.P2POp(dist.irecv, got, peer),
+    ]
+    for r in dist.batch_isend_irecv(ops_p2p):
+        r.wait()
+    _check_close(got, _values(peer, (6,), torch.float32, salt=11) * 2, "batch_isend_irecv")
+
+    # Coalesced variants.
+    ts_cpu = [_values(rank, (3,), torch.float32, salt=20 + i) for i in range(3)]
+    ts_dev = [t.to(d) for t in ts_cpu]
+    dist.all_reduce_coalesced(ts_cpu)
+    dist.all_reduce_coalesced(ts_dev)
+    for a, b in zip(ts_dev, ts_cpu, strict=True):
+        _check_close(a, b, "all_reduce_coalesced")
+    outs_cpu = [[torch.empty(3) for _ in range(world)] for _ in range(2)]
+    outs_dev = [[torch.empty(3, device=d) for _ in range(world)] for _ in range(2)]
+    dist.all_gather_coalesced(outs_cpu, ts_cpu[:2])
+    dist.all_gather_coalesced(outs_dev, ts_dev[:2])
+    for la, lb in zip(outs_dev, outs_cpu, strict=True):
+        for a, b in zip(la, lb, strict=True):
+            _check_close(a, b, "all_gather_coalesced")
+
+    dist.barrier()
+    return True
+
+
+def _stream_semantics(rank, world):
+    d = _dev(rank)
+    # The collective sees the kernels queued before it and later kernels see
+    # its result, with the host never synchronizing in between.
+    x = torch.zeros(1 << 16, device=d)
+    for _ in range(20):
+        x.add_(1)
+    dist.all_reduce(x)
+    y = x * 2
+    assert torch.equal(y.cpu(), torch.full((1 << 16,), 80.0))
+
+    # async_op: is_completed() is truthful, wait() orders the current stream.
+    t = torch.full((1 << 18,), float(rank + 1), device=d)
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    z = t + 0
+    assert torch.equal(z.cpu(), torch.full((1 << 18,), 3.0))
+    for _ in range(200):
+        if work.is_completed():
+            break
+        time.sleep(0.05)
+    assert work.is_completed() and work.is_success()
+    fut = dist.all_reduce(torch.ones(4, device=d), async_op=True).get_future()
+    assert torch.equal(fut.wait()[0].cpu(), torch.full((4,), 2.0))
+
+    # On a side stream: the collective is ordered with that stream.
+    s = torch.Stream(device=d)
+    with torch.openreg.stream(s):
+        u = torch.ones(8, device=d) * (rank + 1)
+        dist.all_reduce(u)
+        v = u * 10
+    s.synchronize()
+    assert torch.equal(v.cpu(), torch.full((8,), 30.0))
+
+    # Non-contiguous input: refused with a clear message (like Gloo on CPU).
+    nc = torch.ones(4, 4, device=d).t()[:, :2]
+    try:
+        dist.all_reduce(nc)
+    except (RuntimeError, ValueError) as e:
+        assert "contiguous" in str(e), e
+    else:
+        raise AssertionError("non-contiguous input accepted")
+    return True
+
+
+def test_collectives_match_cpu(tmp_path):
+    run_ranks(_collectives, tmp_path, timeout=170)
+
+
+def test_stream_ordering_async_and_errors(tmp_path):
+    run_ranks(_stream_semantics, tmp_path, timeout=120)
+
+
+# ---------------------------------------------------------------------------
+# Training end to end: DDP, FSDP2, DTensor, each compared with one process
+# training on the whole batch on the CPU.
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _batches(steps=3, batch=8):
+    g = torch.Generator().manual_seed(1)
+    return [
+        (torch.randn(batch, 8, generator=g), torch.randn(batch, 4, generator=g))
+        for _ in range(steps)
+    ]
+
+
+def _reference():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _batches():
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def _local(x, rank, world):
+    n = x.shape[0] // world
+    return x[rank * n : (rank + 1) * n]
+
+
+def _train_ddp(rank, world, device_ids):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    d = _dev(rank)
+    model = DDP(_mlp().to(d), device_ids=device_ids)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _batches():
+        opt.zero_grad()
+        out = model(_local(x, rank, world).to(d))
+        torch.nn.functional.mse_loss(out, _local(y, rank, world).to(d)).backward()
+        opt.step()
+    return [p.detach().cpu() for p in model.module.parameters()]
+
+
+def _train_fsdp2(rank, world):
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    d = _dev(rank)
+    model = _mlp().to(d)
+    for layer in (model[0], model[2]):
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _batches():
+        opt.zero_grad()
+        out = model(_local(x, rank, world).to(d))
+        torch.nn.functional.mse_loss(out, _local(y, rank, world).to(d)).backward()
+        opt.step()
+    params = []
+    for p in model.parameters():
+        assert isinstance(p, DTensor) and p.device.type == "openreg"
+        params.append(p.full_tensor().detach().cpu())
+    return params
+
+
+def _train_dtensor(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("openreg", (world,))
+    assert mesh.device_type == "openreg"
+    d = _dev(rank)
+    model = parallelize_module(_mlp().to(d), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in _batches():  # tensor parallel: every rank sees the whole batch
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x.to(d)), y.to(d)).backward()
+        opt.step()
+    return [p.full_tensor().detach().cpu() for p in model.parameters()]
+
+
+def _training(rank, world):
+    ref = _reference()
+    results = {
+        "ddp device_ids=[rank]": _train_ddp(rank, world, [rank]),
+        "ddp device_ids=None": _train_ddp(rank, world, None),
+        "fsdp2": _train_fsdp2(rank, world),
+        "dtensor": _train_dtensor(rank, world),
+    }
+    for name, params in results.items():
+        assert len(params) == len(ref), name
+        for got, want in zip(params, ref, strict=True):
+            torch.testing.assert_close(got, want, msg=lambda m, n=name: f"{n}: {m}")
+    return sorted(results)
+
+
+def test_ddp_fsdp2_dtensor_match_single_process(tmp_path):
+    names = run_ranks(_training, tmp_path, timeout=170)
+    assert (
+        names[0] == names[1] == ["ddp device_ids=None", "ddp device_ids=[rank]", "dtensor", "fsdp2"]
+    )
+
+
+TRAIN_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+sys.path.insert(0, {tests!r})
+from test_distributed import _batches, _local, _mlp
+dist.init_process_group()
+rank, world = dist.get_rank(), dist.get_world_size()
+local = int(os.environ["LOCAL_RANK"])
+torch.openreg.set_device(local)
+d = torch.device("openreg", local)
+model = DDP(_mlp().to(d), device_ids=[local])
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in _batches():
+    opt.zero_grad()
+    out = model(_local(x, rank, world).to(d))
+    torch.nn.functional.mse_loss(out, _local(y, rank, world).to(d)).backward()
+    opt.step()
+assert next(model.parameters()).device == d
+torch.save([p.detach().cpu() for p in model.module.parameters()], {out!r} + f"/rank{{rank}}.pt")
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_trains_with_ddp(tmp_path):
+    script = tmp_path / "train.py"
+    tests = os.path.dirname(os.path.abspath(__file__))
+    script.write_text(TRAIN_SCRIPT.format(tests=tests, out=str(tmp_path)))
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OPENREG_FALLBACK_WARNINGS="0")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+    ]
+    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ref = _reference()
+    for r in range(2):
+        for got, want in zip(torch.load(tmp_path / f"rank{r}.pt"), ref, strict=True):
+            torch.testing.assert_close(got, want)
+
+
+# ---------------------------------------------------------------------------
+# Backend strings and faults.
+
+
+def _backend_strings(rank, world):
+    d = _dev(rank)
+    # init_process_group("gloo") (run_ranks' backend): openreg tensors work.
+    t = torch.full((3,), float(rank + 1), device=d)
+    dist.all_reduce(t)
+    assert torch.equal(t.cpu(), torch.full((3,), 3.0))
+    assert dist.group.WORLD._get_backend(torch.device("openreg")).name() == "orccl"
+    for backend in ("cpu:gloo,openreg:gloo", "cpu:gloo,openreg:orccl", "orccl"):
+        g = dist.new_group(backend=backend)
+        u = torch.ones(2, device=d)
+        dist.all_reduce(u, group=g)
+        c = torch.ones(2)
+        dist.all_reduce(c, group=g)
+        assert torch.equal(u.cpu(), c) and torch.equal(c, torch.full((2,), 2.0)), backend
+    try:
+        dist.new_group(backend="cpu:gloo,nosuchdevice:orccl")
+    except ValueError as e:
+        assert "nosuchdevice" in str(e), e
+    else:
+        raise AssertionError("unknown device accepted")
+    return True
+
+
+def test_backend_strings(tmp_path):
+    run_ranks(_backend_strings, tmp_path, backend="gloo", timeout=120)
+
+
+def _init(rank, world, seconds):
+    dist.init_process_group(
+        backend="cpu:gloo,openreg:orccl",
+        init_method=os.environ["OPENREG_TEST_INIT"],
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=seconds),
+    )
+
+
+def _mismatch(rank, world):
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL: PyTorch's collective checks (which need
+    # the backend's sequence numbers) name the mismatch before Gloo runs.
+    d = _dev(rank)
+    errors = []
+    for shape, dtype in (
+        ((4,) if rank == 0 else (8,), torch.float32),
+        ((4,), torch.float32 if rank == 0 else torch.int64),
+    ):
+        try:
+            dist.all_reduce(torch.ones(shape, dtype=dtype, device=d))
+        except RuntimeError as e:
+            errors.append(str(e))
+    assert len(errors) == 2, errors
+    assert all("mismatch between collectives" in e for e in errors), errors
+    assert "TensorShape=[8]" in errors[0] or "TensorShape=[4]" in errors[0]
+    assert "Long" in errors[1] or "Float" in errors[1]
+    return True
+
+
+def test_mismatched_shapes_and_dtypes_detail_mode(tmp_path):
+    run_ranks(_mismatch, tmp_path, backend="orccl", env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+
+
+MISMATCH_SCRIPT = """
+import os, torch, torch.distributed as dist
+rank = int(os.environ["RANK"])
+dist.init_process_group("orccl", init_method={init!r}, rank=rank, world_size=2)
+t = torch.ones(4 if rank == 0 else 8, device=torch.device("openreg", rank))
+dist.all_reduce(t)
+t.cpu()
+"""
+
+
+def test_mismatched_shapes_default_mode_abort_with_message(tmp_path):
+    # Without the debug mode Gloo itself finds the size mismatch and aborts
+    # the process with its message, exactly as for CPU tensors: an error, not
+    # a hang.
+    script = tmp_path / "mismatch.py"
+    script.write_text(MISMATCH_SCRIPT.format(init=f"file://{tmp_path}/init"))
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OPENREG_FALLBACK_WARNINGS="0")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            env=dict(env, RANK=str(r)),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode != 0 for p in procs)
+    assert any("collective mismatch" in e for e in errs), errs
+
+
+def _stuck_peer(rank, world):
+    _init(rank, world, seconds=3)
+    if rank == 1:
+        time.sleep(10)  # alive but never joins the collective
+        return None
+    t = torch.ones(4, device=_dev(rank))
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        t.cpu()  # the collective's error is raised at the synchronization
+    except RuntimeError as e:
+        return str(e), time.monotonic() - start
+    raise AssertionError("no timeout")
+
+
+def _dead_peer(rank, world):
+    _init(rank, world, seconds=30)
+    if rank == 1:
+        os._exit(0)  # dies without a word
+    time.sleep(2)
+    t = torch.ones(4, device=_dev(rank))
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t, async_op=True).wait(timedelta(seconds=30))
+    except RuntimeError as e:
+        return str(e), time.monotonic() - start
+    raise AssertionError("no error")
+
+
+def test_stuck_peer_times_out(tmp_path):
+    init = {"OPENREG_TEST_INIT": f"file://{tmp_path}/init"}
+    (msg, seconds), _ = run_ranks(_stuck_peer, tmp_path, backend="none", env=init)
+    assert "c10d::allreduce" in msg and "imed out" in msg, msg
+    assert seconds < 9, seconds
+
+
+def test_dead_peer_raises(tmp_path):
+    init = {"OPENREG_TEST_INIT": f"file://{tmp_path}/init"}
+    out = run_ranks(_dead_peer, tmp_path, backend="none", env=init, world_size=2, allow_exit=(1,))
+    msg, seconds = out[0]
+    assert "closed by peer" in msg or "Connection" in msg, msg
+    assert seconds < 30, seconds
