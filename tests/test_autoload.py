@@ -27,6 +27,22 @@ def test_autoload_without_explicit_import(py):
     ]
 
 
+def test_import_torch_openreg_as_the_first_line(py):
+    # The package imports torch, whose autoload calls the entry point while
+    # the package is half imported: that must not be a circular import.
+    proc = py(
+        """
+        import torch_openreg
+        import torch
+        x = torch.ones(2, device="openreg")
+        print(x.sum().item(), x.device, torch.openreg.device_count())
+        """
+    )
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.split() == ["2.0", "openreg:0", "2"]
+    assert proc.stderr == ""
+
+
 def test_autoload_disabled_then_explicit_import(py):
     proc = py(
         """

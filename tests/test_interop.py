@@ -245,30 +245,56 @@ def test_shallow_copy_between_openreg_tensors():
     assert torch._has_compatible_shallow_copy_type(p, torch.ones(1, device=D0))
 
 
-def test_shallow_copy_between_cpu_and_openreg_follows_pytorch_rule():
-    # PyTorch only lets dense tensors of its built-in backends swap data
-    # (TensorImpl::has_compatible_shallow_copy_type); PrivateUse1 is not among
-    # them, so this raises as it does for any out-of-tree device.
+def test_shallow_copy_between_cpu_and_openreg_as_cuda():
+    # As between the CPU and CUDA: dense tensors swap data in place.
     cpu = torch.ones(3)
-    dev = torch.zeros(3, device=D0)
-    assert not torch._has_compatible_shallow_copy_type(cpu, dev)
-    with pytest.raises(RuntimeError, match="incompatible tensor type"):
-        cpu.data = dev
-    with pytest.raises(RuntimeError, match="incompatible tensor type"):
-        dev.data = cpu
+    dev = torch.arange(3.0, device=D0)
+    assert torch._has_compatible_shallow_copy_type(cpu, dev)
+    assert torch._has_compatible_shallow_copy_type(dev, cpu)
+    cpu.data = dev
+    assert cpu.device == torch.device(D0) and cpu.data_ptr() == dev.data_ptr()
+    back = torch.zeros(3, device=D1)
+    back.data = torch.full((2,), 7.0)
+    assert back.device == torch.device("cpu") and back.tolist() == [7.0, 7.0]
+    # Sparse and quantized tensors are not dense: no swap, as on CUDA.
+    assert not torch._has_compatible_shallow_copy_type(dev, torch.ones(3).to_sparse())
 
 
-def test_module_to_device_replaces_parameters():
-    # Because of the rule above, Module.to() makes new Parameter objects when
-    # it crosses CPU <-> openreg (build the optimizer after moving the model),
-    # and keeps them between openreg devices.
+def test_module_to_device_keeps_parameters():
     model = torch.nn.Linear(2, 2)
     before = model.weight
     model.to(D0)
-    assert model.weight is not before and model.weight.device == torch.device(D0)
-    on0 = model.weight
+    assert model.weight is before and model.weight.device == torch.device(D0)
     model.to(D1)
-    assert model.weight is on0 and model.weight.device == torch.device(D1)
+    assert model.weight is before and model.weight.device == torch.device(D1)
+    model.cpu()
+    assert model.weight is before and model.weight.device == torch.device("cpu")
+
+
+def test_tied_weights_stay_tied_and_optimizer_built_before_the_move_trains():
+    def make():
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(10, 4)
+        head = torch.nn.Linear(4, 10, bias=False)
+        head.weight = emb.weight  # tied, as in GPT-2
+        model = torch.nn.Sequential(emb, head)
+        return model, torch.optim.SGD(model.parameters(), lr=0.5)
+
+    tokens = torch.tensor([1, 2, 3, 4])
+    results = []
+    for device in ("cpu", D0):
+        model, opt = make()  # optimizer built before the move
+        model.to(device)
+        assert model[0].weight is model[1].weight
+        for _ in range(3):
+            opt.zero_grad()
+            logits = model(tokens.to(device))
+            torch.nn.functional.cross_entropy(logits, tokens.to(device)).backward()
+            opt.step()
+        assert model[0].weight is model[1].weight
+        results.append(model[0].weight.detach().cpu())
+    torch.testing.assert_close(results[1], results[0])
+    assert not torch.equal(results[0], make()[0][0].weight.detach())  # it trained
 
 
 # ---------------------------------------------------------------------------

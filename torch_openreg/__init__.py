@@ -6,7 +6,8 @@ guard, allocators, hooks, generators and kernels), renames PrivateUse1 to
 (``Tensor.openreg()``, ``Tensor.is_openreg``, ``Module.openreg()``, ...).
 
 ``import torch`` does this automatically through the ``torch.backends`` entry
-point, unless ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``.
+point (``_autoload.py``), unless ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``.
+``import torch_openreg`` as a program's first line works too.
 """
 
 import atexit
@@ -88,8 +89,5 @@ def _drain_at_exit() -> None:
 atexit.register(_drain_at_exit)
 
 
-def _autoload() -> None:
-    """Entry point of the ``torch.backends`` group, called by ``import torch``.
-
-    Importing this module already registered the backend; nothing else to do.
-    """
+# Read by _autoload.load(): the package has finished registering.
+_registered = True

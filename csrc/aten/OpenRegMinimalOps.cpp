@@ -125,6 +125,26 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 }
 // [/doc:local-scalar-dense]
 
+// [doc:shallow-copy]
+// Whether `from`'s data may replace `self`'s in place (`param.data = t`,
+// and Module.to(), which keeps the same Parameter objects when this holds).
+// PyTorch allows it between dense tensors of its built-in devices (CPU and
+// CUDA alike) and leaves PrivateUse1 to the backend: dense strided tensors
+// of the CPU and openreg are interchangeable the same way.
+bool has_compatible_shallow_copy_type(const at::Tensor& self,
+                                      const at::Tensor& from) {
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(
+          from.key_set())) {
+    return true;
+  }
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && !t.is_quantized() &&
+           (t.is_cpu() || t.device().type() == c10::DeviceType::PrivateUse1);
+  };
+  return dense(self) && dense(from);
+}
+// [/doc:shallow-copy]
+
 // Tensor.record_stream: the caching allocator keeps the block from other
 // streams until `stream` has passed its use.
 void record_stream(at::Tensor& self, c10::Stream stream) {
@@ -147,6 +167,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_", TORCH_FN(set_empty));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("record_stream", TORCH_FN(record_stream));
+  m.impl("_has_compatible_shallow_copy_type",
+         TORCH_FN(has_compatible_shallow_copy_type));
 }
 // [/doc:minimal-ops-register]
 
