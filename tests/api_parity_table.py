@@ -52,6 +52,21 @@ def _gap(name: str, reason: str) -> Row:
     return Row(name, "gap", "", reason)
 
 
+STORAGE_DTYPES = (
+    "BFloat16",
+    "Bool",
+    "Byte",
+    "Char",
+    "ComplexDouble",
+    "ComplexFloat",
+    "Double",
+    "Float",
+    "Half",
+    "Int",
+    "Long",
+    "Short",
+)
+
 SECTIONS: list[tuple[str, list[Row]]] = [
     (
         "Device management and properties",
@@ -271,7 +286,7 @@ SECTIONS: list[tuple[str, list[Row]]] = [
     (
         "Legacy typed tensor and storage classes",
         [
-            Row(f"{dtype}{kind}", "legacy", "", "use `torch.empty(..., dtype=, device='openreg')`")
+            Row(f"{dtype}Tensor", "legacy", "", "use `torch.empty(..., dtype=, device='openreg')`")
             for dtype in (
                 "BFloat16",
                 "Bool",
@@ -286,8 +301,16 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "Long",
                 "Short",
             )
-            for kind in ("Tensor", "Storage")
-            if not (dtype.startswith("Complex") and kind == "Tensor")
+            if not dtype.startswith("Complex")
+        ]
+        + [
+            Row(
+                f"{dtype}Storage",
+                "same",
+                f"{dtype}Storage",
+                "legacy typed storage; `Tensor.storage_type()` returns it",
+            )
+            for dtype in STORAGE_DTYPES
         ],
     ),
 ]
@@ -374,7 +397,7 @@ def render_markdown() -> str:
         "`NotImplementedError` rather than pretend to succeed.",
         "- **CUDA-specific**: a CUDA library, toolchain detail or hardware sensor; no "
         "counterpart by design.",
-        "- **legacy**: typed classes PyTorch generates only for CPU and CUDA.",
+        "- **legacy**: legacy typed tensor classes, which PyTorch generates only for CPU and CUDA.",
         "- **not yet**: would make sense on openreg but is not implemented; "
         "`torch.openreg` does not define the name (checked), so feature tests with "
         "`hasattr` answer correctly.",

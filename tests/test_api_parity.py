@@ -983,6 +983,32 @@ def _check_streams():
     assert openreg.streams.Stream is openreg.Stream and openreg.streams.Event is openreg.Event
 
 
+# Legacy typed storages: what Tensor.storage_type() and TypedStorage use.
+
+
+def _make_storage_check(dtype_name):
+    def check():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # TypedStorage deprecation
+            cls = getattr(openreg, f"{dtype_name}Storage")
+            dtype = cls._dtype
+            assert dtype == getattr(torch.cuda, f"{dtype_name}Storage")._dtype
+            x = torch.zeros(3, dtype=dtype, device="openreg")
+            assert x.storage_type() is cls
+            assert isinstance(x.storage(), cls)
+            assert not isinstance(x.cpu().storage(), cls)
+            s = cls(5)
+            assert s.device == torch.device("openreg", 0) and s.size() == 5 and s.dtype == dtype
+            with pytest.raises(RuntimeError, match="not available for openreg storage"):
+                cls.from_buffer(b"\x00" * 8)
+
+    return check
+
+
+for _name in table.STORAGE_DTYPES:
+    globals()[f"_check_{_name}Storage"] = _make_storage_check(_name)
+
+
 CHECKS = {
     name.removeprefix("_check_").replace("amp_", "amp.", 1)
     if name.startswith("_check_amp_")

@@ -74,3 +74,47 @@ def test_sdpa_results_have_the_cpu_layout_and_run_queued(layout):
     for c, d in zip(results["cpu"], results["openreg"], strict=True):
         assert d.stride() == c.stride()
         assert torch.equal(d.cpu(), c)
+
+
+def test_fused_sdp_choice_reports_the_backend_openreg_takes():
+    from torch.nn.attention import SDPBackend
+
+    q = torch.randn(1, 2, 8, 16)
+    assert torch._fused_sdp_choice(q, q, q) == SDPBackend.FLASH_ATTENTION.value
+    qd = q.to(D)
+    assert torch._fused_sdp_choice(qd, qd, qd) == SDPBackend.OVERRIDEABLE.value
+    # A mask that needs a gradient takes the math backend, as on the CPU.
+    mask = torch.zeros(8, 8, device=D, requires_grad=True)
+    assert torch._fused_sdp_choice(qd, qd, qd, mask) == SDPBackend.MATH.value
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_backward_returns_the_mask_gradient_when_asked(causal):
+    # Called directly with grad_input_mask[3]: the gradient of the additive
+    # mask, compared with the math formulation's autograd on the CPU.
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 8, 4), torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 4)
+    mask = torch.randn(8, 6)
+    m = mask.clone().requires_grad_()
+    scores = q @ k.transpose(-2, -1) / 2.0 + m
+    if causal:
+        scores = scores.masked_fill(~torch.ones(8, 6, dtype=torch.bool).tril(), float("-inf"))
+    out = torch.softmax(scores, -1) @ v
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    aten = torch.ops.aten
+    fwd = aten._scaled_dot_product_fused_attention_overrideable(
+        q.to(D), k.to(D), v.to(D), mask.to(D), is_causal=causal
+    )
+    torch.testing.assert_close(fwd[0].cpu(), out.detach(), rtol=1e-5, atol=1e-5)
+    grads = aten._scaled_dot_product_fused_attention_overrideable_backward(
+        grad.to(D), q.to(D), k.to(D), v.to(D), mask.to(D), [True, True, True, True],
+        *fwd[:6], 0.0, causal, fwd[6], fwd[7],
+    )  # fmt: skip
+    assert grads[3].shape == mask.shape
+    torch.testing.assert_close(grads[3].cpu(), m.grad, rtol=1e-5, atol=1e-5)
+    no_mask_grad = aten._scaled_dot_product_fused_attention_overrideable_backward(
+        grad.to(D), q.to(D), k.to(D), v.to(D), mask.to(D), [True, True, True, False],
+        *fwd[:6], 0.0, causal, fwd[6], fwd[7],
+    )  # fmt: skip
+    assert no_mask_grad[3] is None or not no_mask_grad[3].defined()

@@ -193,3 +193,47 @@ def test_value_dependent_error_surfaces_at_the_next_sync():
         return
     with pytest.raises(RuntimeError, match="index_add"):
         torch.openreg.synchronize()
+
+
+# --- smaller gaps -------------------------------------------------------------
+
+
+def test_storage_type_is_the_typed_storage_class():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage deprecation
+        assert torch.ones(2, device=D).storage_type() is torch.openreg.FloatStorage
+        assert (
+            torch.ones(2, dtype=torch.int64, device=D).storage_type() is torch.openreg.LongStorage
+        )
+        assert torch.ones(2).storage_type() is torch.FloatStorage
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.quantize_per_tensor(torch.ones(3, device=D), 0.1, 0, torch.qint8),
+        lambda: torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8).to(D),
+    ],
+    ids=["quantize on openreg", "quantized to openreg"],
+)
+def test_quantized_tensors_are_refused_clearly(make):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantization deprecation
+        with pytest.raises(NotImplementedError, match="openreg does not support quantized tensors"):
+            make()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2), (3,), device=D),
+        lambda: torch.ones(3).to_sparse().to(D),
+        lambda: torch.ones(3, device=D).to_sparse(),
+    ],
+    ids=["sparse_coo_tensor", "to", "to_sparse"],
+)
+def test_sparse_tensors_are_refused_clearly(make):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(NotImplementedError, match="openreg .*support.* (sparse|strided)"):
+            make()

@@ -12,9 +12,12 @@
 //    views. Results are therefore the CPU's, bit for bit. When the inputs
 //    pass the CPU kernel's checks (done on the host), the kernel is queued
 //    on the stream with results laid out as the CPU lays them out.
+#include <ATen/ExpandUtils.h>
 #include <ATen/OpMathType.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>
@@ -22,8 +25,13 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
+
+#include <cmath>
+#include <limits>
 
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
@@ -150,6 +158,47 @@ fused_attention(const at::Tensor& query, const at::Tensor& key,
           at::Tensor()};
 }
 
+// The gradient of the additive mask (the CPU's flash kernel has none): the
+// gradient of the attention scores, dS = P * (dP - rowsum(dO * O)) with
+// P = exp(S - logsumexp) and dP = dO V^T, summed over the dimensions the mask
+// was broadcast along. Written with operators, so it runs queued on the
+// device like any other.
+at::Tensor mask_gradient(const at::Tensor& grad_out, const at::Tensor& query,
+                         const at::Tensor& key, const at::Tensor& value,
+                         const at::Tensor& attn_bias, const at::Tensor& out,
+                         const at::Tensor& logsumexp, bool is_causal,
+                         std::optional<double> scale) {
+  TORCH_CHECK(attn_bias.defined(),
+              "the gradient of the attention mask was requested, but no mask "
+              "was given");
+  TORCH_CHECK(query.size(1) == key.size(1),
+              "openreg computes the gradient of the attention mask only when "
+              "query and key have the same number of heads (got ",
+              query.size(1), " and ", key.size(1), ")");
+  const at::NoGradGuard no_grad;
+  const at::ScalarType math = at::toOpMathType(query.scalar_type());
+  const double s = scale.has_value()
+                       ? *scale
+                       : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
+  at::Tensor q = query.to(math);
+  at::Tensor scores = at::matmul(q, key.to(math).transpose(-2, -1))
+                          .mul_(s)
+                          .add_(attn_bias.to(math));
+  if (is_causal) {
+    const int64_t l = query.size(-2);
+    const int64_t sk = key.size(-2);
+    at::Tensor keep = at::ones({l, sk}, q.options().dtype(at::kBool)).tril();
+    scores.masked_fill_(keep.logical_not(),
+                        -std::numeric_limits<double>::infinity());
+  }
+  at::Tensor probs = (scores - logsumexp.to(math).unsqueeze(-1)).exp_();
+  at::Tensor go = grad_out.to(math);
+  at::Tensor dp = at::matmul(go, value.to(math).transpose(-2, -1));
+  at::Tensor rows = (go * out.to(math)).sum(-1, /*keepdim=*/true);
+  at::Tensor ds = probs.mul_(dp.sub_(rows));
+  return at::sum_to(ds, attn_bias.sizes()).to(attn_bias.scalar_type());
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 fused_attention_backward(
     const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
@@ -159,9 +208,6 @@ fused_attention_backward(
     const at::Tensor& /*cum_seq_k*/, int64_t /*max_q*/, int64_t /*max_k*/,
     double dropout_p, bool is_causal, const at::Tensor& /*philox_seed*/,
     const at::Tensor& /*philox_offset*/, std::optional<double> scale) {
-  TORCH_CHECK(!grad_input_mask[3],
-              "openreg's fused attention does not differentiate the mask "
-              "(such calls take the math backend)");
   const c10::Device device = query.device();
   const c10::DeviceGuard guard(device);
   const bool has_mask = attn_bias.defined();
@@ -207,7 +253,11 @@ fused_attention_backward(
           views.view(rk).copy_(ck);
           views.view(rv).copy_(cv);
         });
-    return {gq, gk, gv, at::Tensor()};
+    return {gq, gk, gv,
+            grad_input_mask[3]
+                ? mask_gradient(grad_out, query, key, value, attn_bias, out,
+                                logsumexp, is_causal, scale)
+                : at::Tensor()};
   }
   at::Tensor gq, gk, gv;
   run_sync(device.index(), [&] {
@@ -224,7 +274,11 @@ fused_attention_backward(
             dropout_p, is_causal, mask, scale);
   });
   return {copy_to_device(gq, device), copy_to_device(gk, device),
-          copy_to_device(gv, device), at::Tensor()};
+          copy_to_device(gv, device),
+          grad_input_mask[3]
+              ? mask_gradient(grad_out, query, key, value, attn_bias, out,
+                              logsumexp, is_causal, scale)
+              : at::Tensor()};
 }
 
 }  // namespace
@@ -244,6 +298,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
          TORCH_FN(fused_attention));
   m.impl("_scaled_dot_product_fused_attention_overrideable_backward",
          TORCH_FN(fused_attention_backward));
+  // What SDPA will take on openreg, for callers that ask
+  // (torch._fused_sdp_choice): the same answer as the stub above.
+  m.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice));
 }
 // [/doc:sdpa-register]
 

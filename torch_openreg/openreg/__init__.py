@@ -15,7 +15,7 @@ import torch
 
 from torch_openreg import _C
 
-from . import amp, memory, random, sanitizer, streams, tensors
+from . import amp, memory, random, sanitizer, storages, streams, tensors
 from .amp import (  # noqa: F401  (the device-module AMP functions torch.autocast asks for)
     get_amp_supported_dtype,
     get_autocast_dtype,
@@ -25,6 +25,7 @@ from .amp import (  # noqa: F401  (the device-module AMP functions torch.autocas
 )
 from .memory import *  # noqa: F403
 from .random import *  # noqa: F403
+from .storages import *  # noqa: F403
 from .streams import *  # noqa: F403
 from .tensors import *  # noqa: F403
 
@@ -57,6 +58,7 @@ __all__ = [
     *tensors.__all__,
     *memory.__all__,
     *random.__all__,
+    *storages.__all__,
     *streams.__all__,
 ]
 
