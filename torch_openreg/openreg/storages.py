@@ -7,8 +7,8 @@ or in shared memory is refused.
 """
 
 import torch
-from torch.storage import _LegacyStorage, _warn_typed_storage_removal
 from torch._utils import classproperty
+from torch.storage import _LegacyStorage, _warn_typed_storage_removal
 
 
 class _OpenRegLegacyStorage(_LegacyStorage):
