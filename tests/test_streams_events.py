@@ -287,3 +287,26 @@ def test_concurrent_threads_on_both_devices():
         t.join(60)
     assert not any(t.is_alive() for t in threads), "a thread hung"
     assert errors == []
+
+
+def test_streams_come_from_a_bounded_pool(py):
+    # As CUDA: torch.Stream() hands out pool streams round robin, so a loop
+    # creating streams does not grow the process (each has a worker thread).
+    out = py(
+        """
+        import os, torch
+        x = torch.ones(4, device="openreg")
+        for _ in range(1000):
+            with torch.openreg.stream(torch.openreg.Stream()):
+                x.add_(1)
+        torch.openreg.synchronize()
+        ids = {torch.openreg.Stream().stream_id for _ in range(100)}
+        hi = {torch.openreg.Stream(priority=-1).stream_id for _ in range(100)}
+        print(x[0].item(), len(os.listdir("/proc/self/task")), len(ids), len(hi), ids & hi)
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    value, threads, ids, hi, common = out.stdout.split(maxsplit=4)
+    assert float(value) == 1001.0
+    assert int(threads) < 50 and int(ids) == 32 and int(hi) == 32
+    assert common.strip() == "set()"

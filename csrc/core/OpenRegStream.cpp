@@ -1,9 +1,10 @@
 #include "core/OpenRegStream.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
-#include <deque>
 #include <mutex>
+#include <vector>
 
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
@@ -13,19 +14,24 @@ namespace openreg {
 
 namespace {
 
-constexpr size_t kPoolSize = 4;  // streams per priority per device
+// As CUDA: every stream a program asks for comes from a fixed pool per
+// device and priority, handed out round robin, so a program that creates
+// streams in a loop does not grow (each runtime stream has a worker thread).
+constexpr size_t kStreamsPerPool = 32;
+constexpr size_t kMaxPriorities = 4;
 
 // [doc:stream-table]
 struct DeviceStreams {
   std::once_flag init_once;
-  std::mutex mutex;  // guards `table`
   // table[id] is the runtime handle of stream id; table[0] is the default
-  // stream. A deque keeps references stable while it grows.
-  std::deque<orStream_t> table;
-  std::array<c10::StreamId, kPoolSize> low_pool{};
-  std::array<c10::StreamId, kPoolSize> high_pool{};
-  std::atomic<uint32_t> low_next{0};
-  std::atomic<uint32_t> high_next{0};
+  // stream. Filled once, under init_once; read without a lock afterwards.
+  std::vector<orStream_t> table;
+  int least = 0;     // numerically largest (lowest) priority
+  int greatest = 0;  // numerically smallest (highest) priority
+  // pools[p - greatest]: the ids of the pool of priority p.
+  std::array<std::array<c10::StreamId, kStreamsPerPool>, kMaxPriorities>
+      pools{};
+  std::array<std::atomic<uint32_t>, kMaxPriorities> next{};
 };
 
 DeviceStreams& streams_of(c10::DeviceIndex device) {
@@ -36,17 +42,19 @@ DeviceStreams& streams_of(c10::DeviceIndex device) {
     lazy_init();
     orStream_t def = nullptr;
     OPENREG_CHECK(orDeviceGetDefaultStream(device, &def));
-    int least = 0;
-    int greatest = 0;
-    OPENREG_CHECK(orDeviceGetStreamPriorityRange(&least, &greatest));
+    OPENREG_CHECK(orDeviceGetStreamPriorityRange(&ds.least, &ds.greatest));
+    TORCH_INTERNAL_ASSERT(
+        ds.least >= ds.greatest &&
+            static_cast<size_t>(ds.least - ds.greatest) < kMaxPriorities,
+        "the driver reports stream priorities ", ds.greatest, "..", ds.least,
+        "; at most ", kMaxPriorities, " levels are supported");
     ScopedDevice guard(device);
-    std::lock_guard<std::mutex> lock(ds.mutex);
     ds.table.push_back(def);
-    for (auto [pool, priority] :
-         {std::pair{&ds.low_pool, least}, std::pair{&ds.high_pool, greatest}}) {
-      for (auto& id : *pool) {
+    // Runtime streams are cheap until used: a worker starts on first work.
+    for (int p = ds.greatest; p <= ds.least; ++p) {
+      for (auto& id : ds.pools[static_cast<size_t>(p - ds.greatest)]) {
         orStream_t s = nullptr;
-        OPENREG_CHECK(orStreamCreateWithPriority(&s, priority));
+        OPENREG_CHECK(orStreamCreateWithPriority(&s, p));
         id = static_cast<c10::StreamId>(ds.table.size());
         ds.table.push_back(s);
       }
@@ -74,8 +82,7 @@ c10::Stream make(c10::DeviceIndex device, c10::StreamId id) {
 
 orStream_t native_stream(const c10::Stream& stream) {
   TORCH_INTERNAL_ASSERT(stream.device_type() == c10::DeviceType::PrivateUse1);
-  DeviceStreams& ds = streams_of(stream.device_index());
-  std::lock_guard<std::mutex> lock(ds.mutex);
+  const DeviceStreams& ds = streams_of(stream.device_index());
   TORCH_CHECK(
       stream.id() >= 0 && static_cast<size_t>(stream.id()) < ds.table.size(),
       "Invalid openreg stream id ", stream.id(), " on device ",
@@ -125,23 +132,17 @@ OpenRegStream getCurrentStream(c10::DeviceIndex device) {
 // [doc:stream-api]
 OpenRegStream getStreamFromPool(bool high_priority, c10::DeviceIndex device) {
   device = resolve(device);
-  DeviceStreams& ds = streams_of(device);
-  auto& next = high_priority ? ds.high_next : ds.low_next;
-  auto& pool = high_priority ? ds.high_pool : ds.low_pool;
-  c10::StreamId id = pool[next.fetch_add(1) % kPoolSize];
-  return OpenRegStream(make(device, id));
+  const DeviceStreams& ds = streams_of(device);
+  return getNewStream(device, high_priority ? ds.greatest : ds.least);
 }
 
 OpenRegStream getNewStream(c10::DeviceIndex device, int priority) {
   device = resolve(device);
   DeviceStreams& ds = streams_of(device);
-  ScopedDevice guard(device);
-  orStream_t s = nullptr;
-  OPENREG_CHECK(orStreamCreateWithPriority(&s, priority));
-  std::lock_guard<std::mutex> lock(ds.mutex);
-  c10::StreamId id = static_cast<c10::StreamId>(ds.table.size());
-  ds.table.push_back(s);
-  return OpenRegStream(make(device, id));
+  priority = std::clamp(priority, ds.greatest, ds.least);
+  const auto level = static_cast<size_t>(priority - ds.greatest);
+  const uint32_t slot = ds.next[level].fetch_add(1) % kStreamsPerPool;
+  return OpenRegStream(make(device, ds.pools[level][slot]));
 }
 
 void setCurrentStream(OpenRegStream stream) {

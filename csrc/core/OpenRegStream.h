@@ -2,9 +2,9 @@
 // stream handles, a pool per device, and the thread-local current stream.
 //
 // Stream ids: 0 is the device's default stream; every other id indexes the
-// device's table of runtime streams (pool streams first, then streams made by
-// getNewStream). Ids are never reused, so a c10::Stream stays valid for the
-// life of the process. Thread-safe.
+// device's table of runtime streams: a pool of 32 per priority level, made
+// at initialisation and handed out round robin, as CUDA's stream pools are.
+// A c10::Stream stays valid for the life of the process. Thread-safe.
 #pragma once
 
 #include <c10/core/Stream.h>
@@ -32,10 +32,11 @@ class OpenRegStream {
 
 OpenRegStream getDefaultStream(c10::DeviceIndex device = -1);
 OpenRegStream getCurrentStream(c10::DeviceIndex device = -1);
-// Round-robin over a small pool of long-lived streams.
+// The next stream of the pool of the device's highest or lowest priority.
 OpenRegStream getStreamFromPool(bool high_priority = false,
                                 c10::DeviceIndex device = -1);
-// A new stream with the given priority (clamped into the device's range).
+// The next stream of the pool of `priority` (clamped into the device's
+// range): what torch.Stream() / torch.openreg.Stream() return.
 OpenRegStream getNewStream(c10::DeviceIndex device, int priority);
 // Makes `stream` current for its device on this thread.
 void setCurrentStream(OpenRegStream stream);
