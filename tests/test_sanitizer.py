@@ -107,3 +107,17 @@ def test_enabled_by_environment_variable(py):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"
+
+
+def test_cross_device_copies_are_not_flagged(sanitizer):
+    # A copy between devices is synchronous and ordered on the destination's
+    # stream: using the copy right after is not a race (copy_ too).
+    a = torch.arange(6.0, device="openreg:1")
+    b = a.to("openreg:0")
+    assert (-b).cpu().tolist() == [-0.0, -1.0, -2.0, -3.0, -4.0, -5.0]
+    c = torch.empty(6, device="openreg:0")
+    c.copy_(a)
+    assert (c * 2).cpu().tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    d = torch.empty(6, device="openreg:1")
+    d.copy_(b)
+    assert (d + 1).cpu()[0].item() == 1.0

@@ -19,6 +19,11 @@ its stream's clock, a wait merges it, a host synchronization merges into the
 host clock, and a launch inherits what the host knows. Memory is tracked per
 storage (conservative: disjoint slices of one storage count as the same
 memory).
+
+The dispatch mode is thread-local, as every PyTorch dispatch mode is: only
+operators run by the thread that called ``enable()`` (or imported openreg
+with ``OPENREG_SANITIZE_STREAMS=1``) are checked. Other threads' operators
+are not seen; their synchronizations still are.
 """
 
 import os
@@ -196,7 +201,11 @@ class _Mode(TorchDispatchMode):
         return result
 
     def _record(self, op: str, reads, writes, fresh, non_blocking: bool) -> None:
-        devices = [t.device for t in reads + writes if t.device.type == "openreg"]
+        # The stream an operator runs on is its destination's (what it writes,
+        # or its new outputs): a copy from openreg:1 to openreg:0 is ordered
+        # on openreg:0 (after waiting for the source, which the
+        # synchronization trace reports).
+        devices = [t.device for t in writes + fresh + reads if t.device.type == "openreg"]
         stack = traceback.format_stack(limit=12)[:-3]
         with _state.lock:
             if devices:
