@@ -32,8 +32,8 @@ from .devices import map_device
 __all__ = ["CudaApiNotSupportedError", "activate", "is_active", "map_device"]
 
 ENV_VAR = "OPENREG_CUDA_SHIM"
-# Set once the notice is printed: processes started from this one stay quiet.
-_NOTICE_VAR = "_OPENREG_CUDA_SHIM_NOTICE"
+# 1: no notice. Set once the notice is printed, so processes started from this one stay quiet.
+_NOTICE_VAR = "OPENREG_CUDA_SHIM_QUIET"
 
 _lock = threading.Lock()
 _active = False

@@ -173,6 +173,6 @@ def build() -> CudaStandIn:
     stand_in._add_sub("amp", CudaStandIn("torch.cuda.amp", real.amp, amp_rows, torch.openreg.amp))
     for sub in ("memory", "random", "streams"):
         real_sub = getattr(real, sub)
-        rows = {n: top[n] for n in getattr(real_sub, "__all__", ()) if n in top}
+        rows = {n: row for n, row in top.items() if hasattr(real_sub, n)}
         stand_in._add_sub(sub, CudaStandIn(f"torch.cuda.{sub}", real_sub, rows, torch.openreg))
     return stand_in
