@@ -89,6 +89,12 @@ def _drain_at_exit() -> None:
 
 atexit.register(_drain_at_exit)
 
+# Training frameworks, when (and if) they are imported: Lightning's accelerator
+# registry gets "openreg" (torch_openreg/lightning.py).
+from torch_openreg import lightning as _lightning  # noqa: E402
+
+_lightning.install()
+
 # The CUDA migration shim follows the processes started by one that runs it
 # (spawned workers, subprocesses): they inherit OPENREG_CUDA_SHIM=1.
 if os.environ.get("OPENREG_CUDA_SHIM") == "1":
