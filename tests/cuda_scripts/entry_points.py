@@ -25,10 +25,10 @@ OR0, OR1 = torch.device("openreg", 0), torch.device("openreg", 1)
 
 
 def main():
-    # torch.device under the shim is an openreg device; earlier ones are mapped at use.
-    assert torch.device("cuda") == torch.device("openreg"), torch.device("cuda")
-    assert torch.device("cuda:1") == OR1
-    assert made_before.type == "cuda"
+    # Device objects stay CUDA devices (made before or after the shim) and are
+    # mapped where they are used.
+    assert torch.device("cuda:1").type == "cuda" and made_before.type == "cuda"
+    assert torch.ones(1, device=torch.device("cuda:1")).device == OR1
     assert torch.zeros(2, device="cuda").device == OR0
     assert torch.ones(2, device=made_before).device == OR1
     assert torch.tensor([1.0], device="cuda:1").device == OR1
@@ -58,7 +58,7 @@ def main():
     assert torch.ones(1).device.type == "cpu"
 
     # torch.cuda: the stand-in, its device arguments mapped.
-    assert torch.get_device_module("cuda") is torch.openreg
+    assert torch.get_device_module("cuda") is torch.cuda
     assert torch.cuda.is_available() and torch.cuda.device_count() == 2
     torch.cuda.set_device("cuda:1")
     assert torch.cuda.current_device() == 1 and torch.ones(1, device="cuda").device == OR1
@@ -120,9 +120,10 @@ def main():
     # Known limits (docs/migration.md): tensors are openreg tensors.
     assert not torch.ones(1, device="cuda").is_cuda
     assert torch.ones(1, device="cuda").device.type == "openreg"
+    assert torch.ones(1, device="cuda").device != torch.device("cuda:0")
 
     # Pickling devices and generators still works (the classes are PyTorch's).
-    assert pickle.loads(pickle.dumps(made_before)) == OR1  # rebuilt through torch.device
+    assert pickle.loads(pickle.dumps(made_before)) == made_before
     pickle.loads(pickle.dumps(torch.Generator()))
 
     # Checkpoints: map_location in every form, and a CUDA-tagged file.
@@ -145,21 +146,26 @@ def main():
     loaded = torch.load(os.path.join(data_dir, "cuda_tagged.pt"), map_location={"cuda:1": "cuda:0"})
     assert loaded["w"].device == OR0
 
-    # CUDA-only names: a clear error at the lookup, and hasattr() says False.
-    for name in ("CUDAGraph", "nvtx", "FloatTensor", "MemPool", "get_arch_list", "jiterator"):
-        assert not hasattr(torch.cuda, name), name
+    # CUDA-only names: looking them up works (libraries annotate with them),
+    # using them raises an error naming the call.
+    uses = {
+        "CUDAGraph": lambda: torch.cuda.CUDAGraph(),
+        "nvtx.range_push": lambda: torch.cuda.nvtx.range_push("step"),
+        "FloatTensor": lambda: torch.cuda.FloatTensor(3),
+        "memory.MemPool": lambda: torch.cuda.memory.MemPool(),
+        "get_arch_list": lambda: torch.cuda.get_arch_list(),
+        "jiterator._create_jit_fn": lambda: torch.cuda.jiterator._create_jit_fn("x"),
+    }
+    for name, use in uses.items():
         try:
-            getattr(torch.cuda, name)
+            use()
         except CudaApiNotSupportedError as e:
             assert f"torch.cuda.{name} " in str(e), e
         else:
             raise AssertionError(f"torch.cuda.{name} did not raise")
-    try:
-        torch.cuda.memory.MemPool()
-    except NotImplementedError as e:
-        assert "torch.cuda.memory.MemPool" in str(e)
-    else:
-        raise AssertionError("torch.cuda.memory.MemPool did not raise")
+    assert not isinstance(torch.ones(1, device="cuda"), torch.cuda.FloatTensor)
+    assert torch.cuda.has_magma is False
+    assert (torch.cuda.CUDAGraph | None) is not None  # an annotation at import time
     assert torch.cuda._is_compiled() is False  # private names are the real module's
 
     # nccl names openreg's torch.distributed backend (an error while there is none).

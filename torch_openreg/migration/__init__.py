@@ -61,6 +61,7 @@ def activate() -> None:
         patches.patch_default_device()
         patches.patch_serialization()
         patches.patch_distributed()
+        patches.patch_module_conversion()
         devices.install_thread_hook()
         devices.push_mode()
         _active = True

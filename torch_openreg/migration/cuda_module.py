@@ -12,10 +12,14 @@ the stand-in resolves a name through its row:
   submodules (``amp``, ``memory``, ``random``, ``streams``) are stand-ins
   of their own.
 - every other status (a CUDA library, a legacy typed class, a feature openreg
-  lacks): ``CudaApiNotSupportedError`` naming ``torch.cuda.<name>`` and the
-  row's reason. It is raised when the name is looked up, and is also an
-  ``AttributeError``, so ``hasattr(torch.cuda, "nvtx")`` answers False as
-  feature checks expect, while a call fails with the message.
+  lacks): a placeholder of the same kind that raises
+  ``CudaApiNotSupportedError`` naming ``torch.cuda.<name>`` and the row's
+  reason when it is used: a function raises when called, a class when
+  instantiated (``isinstance`` answers False), a submodule when one of its
+  attributes is looked up (``torch.cuda.nvtx.range_push``). The lookup itself
+  succeeds, because libraries name such classes at import time
+  (transformers annotates with ``torch.cuda.CUDAGraph``); a flag such as
+  ``has_magma`` is False.
 
 Private names (``torch.cuda._lazy_init``, ...) are not in the table: they are
 the real ``torch.cuda``'s, which PyTorch's own CUDA code paths use.
@@ -48,6 +52,54 @@ def _unsupported(qualified: str, row: api_parity.Row) -> CudaApiNotSupportedErro
         f"{qualified} {what} ({row.notes}); it has no openreg counterpart under the "
         "migration shim (torch_openreg.transfer_to_openreg). See docs/api_parity.md."
     )
+
+
+class _UnsupportedClassMeta(type):
+    """Metaclass of a placeholder class: instantiating it raises."""
+
+    _error: CudaApiNotSupportedError
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        raise cls._error
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return False
+
+
+class _UnsupportedModule(types.ModuleType):
+    """Placeholder submodule: looking up any public attribute raises."""
+
+    def __init__(self, qualified: str, row: api_parity.Row) -> None:
+        super().__init__(qualified, f"{qualified}: no openreg counterpart ({row.notes})")
+        self.__dict__["_row"] = row
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise _unsupported(f"{self.__name__}.{name}", self.__dict__["_row"])
+
+
+def _placeholder(real: Any, qualified: str, row: api_parity.Row) -> Any:
+    """Stands for an unsupported ``real`` object; raises when used."""
+    module, name = qualified.rsplit(".", 1)
+    if isinstance(real, bool):
+        return False  # has_magma and the like: openreg has none of it
+    if isinstance(real, types.ModuleType):
+        return _UnsupportedModule(qualified, row)
+    if isinstance(real, type):
+        return _UnsupportedClassMeta(
+            name,
+            (),
+            {"_error": _unsupported(qualified, row), "__module__": module, "__doc__": row.notes},
+        )
+
+    def unsupported(*args: Any, **kwargs: Any) -> Any:
+        raise _unsupported(qualified, row)
+
+    unsupported.__name__ = unsupported.__qualname__ = name
+    unsupported.__module__ = module
+    unsupported.__doc__ = row.notes
+    return unsupported
 
 
 def _wrap_function(target: Any, qualified: str) -> Any:
@@ -138,10 +190,12 @@ class CudaStandIn(types.ModuleType):
         qualified = f"{self.__name__}.{name}"
         if row is None:
             return getattr(d["_real"], name)
-        if row.status not in ("same", "partial"):
-            raise _unsupported(qualified, row)
         if name in d["_cache"]:
             return d["_cache"][name]
+        if row.status not in ("same", "partial"):
+            value = _placeholder(getattr(d["_real"], name, None), qualified, row)
+            d["_cache"][name] = value
+            return value
         # amp rows name "amp.X"; this namespace's target is torch.openreg.amp then.
         target = getattr(d["_openreg"], row.openreg.rsplit(".", 1)[-1])
         value = _resolve(target, qualified)

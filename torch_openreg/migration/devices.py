@@ -16,12 +16,14 @@ Three paths carry a device into PyTorch, and each needs its own mapping:
    ``torch.load``, ``torch.set_default_device``, the ``torch.cuda`` stand-in):
    wrapped one by one in ``patches.py`` and ``cuda_module.py``, all through
    ``map_device`` below.
-3. ``torch.device("cuda")`` itself is a torch function (its constructor asks
-   the mode stack), so a device built under the shim is an openreg device:
-   it prints as one and equals the devices of the tensors put on it. Device
-   objects built before activation, or in a thread without the mode, stay
-   CUDA devices and are mapped where they are used, by 1 and 2. The class
-   is never replaced, so pickling and ``type(d) is torch.device`` behave.
+3. ``torch.device("cuda")`` objects stay CUDA devices: the mode lets the
+   constructor (a torch function too) through unmapped, and the class is
+   never replaced. Code that branches on ``device.type == "cuda"`` takes its
+   GPU path (autocast, pinned memory, accelerate's and the HF Trainer's
+   mixed precision), devices built before activation behave like later
+   ones, and pickling is untouched; 1 and 2 map the object where it is used.
+   The tensors are openreg tensors (``x.device`` is ``openreg:0``), so
+   ``x.device == torch.device("cuda")`` is False: docs/migration.md.
 """
 
 import threading
@@ -70,12 +72,16 @@ class CudaToOpenRegMode(TorchFunctionMode):
 
     ``Tensor.cuda(...)`` becomes ``Tensor.openreg(...)`` (so ``Module.cuda()``,
     which calls it on every parameter, follows). Everything else keeps its
-    function and gets its arguments mapped; results are never touched, so a
-    tensor made this way reports ``device.type == "openreg"``.
+    function and gets its arguments mapped, except the ``torch.device``
+    constructor; results are never touched, so a tensor made this way
+    reports ``device.type == "openreg"``.
     """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        args, kwargs = map_arguments(args, kwargs or {})
+        kwargs = kwargs or {}
+        if func is _TORCH_DEVICE:  # device objects keep their type (point 3 above)
+            return func(*args, **kwargs)
+        args, kwargs = map_arguments(args, kwargs)
         if func is _TENSOR_CUDA:
             return torch.Tensor.openreg(*args, **kwargs)
         return func(*args, **kwargs)
