@@ -117,6 +117,20 @@ def main():
     (w.cuda() * 2).sum().backward()
     assert w.grad.tolist() == [2.0, 2.0, 2.0]
 
+    # DataParallel over both devices (its CUDA scatter/gather as copies).
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    reference.load_state_dict(net.state_dict())
+    inputs = torch.randn(16, 4)
+    parallel = torch.nn.DataParallel(net.cuda())
+    out = parallel(inputs.cuda())
+    out.sum().backward()
+    reference(inputs).sum().backward()
+    assert out.device == OR0
+    torch.testing.assert_close(out.cpu(), reference(inputs))
+    torch.testing.assert_close(net[0].weight.grad.cpu(), reference[0].weight.grad)
+
     # Known limits (docs/migration.md): tensors are openreg tensors.
     assert not torch.ones(1, device="cuda").is_cuda
     assert torch.ones(1, device="cuda").device.type == "openreg"

@@ -75,7 +75,6 @@ optimizer2 = torch.optim.AdamW(resumed.parameters(), lr=1e-2)
 optimizer2.load_state_dict(state["optimizer"])
 scaler2 = torch.amp.GradScaler(device_type)
 scaler2.load_state_dict(state["scaler"])
-assert all(p.device == device or (p.device.type == device.type) for p in resumed.parameters())
 train_epoch(resumed, optimizer2, scaler2, losses)
 
 torch.save(

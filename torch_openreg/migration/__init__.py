@@ -62,6 +62,7 @@ def activate() -> None:
         patches.patch_serialization()
         patches.patch_distributed()
         patches.patch_module_conversion()
+        patches.patch_data_parallel()
         devices.install_thread_hook()
         devices.push_mode()
         _active = True

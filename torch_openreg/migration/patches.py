@@ -7,6 +7,7 @@ wrapper is marked (``_openreg_shim``) so activating twice wraps once.
 
 import functools
 import re
+import types
 from typing import Any
 
 import torch
@@ -230,3 +231,86 @@ def patch_module_conversion() -> None:
 
     _replace(torch.nn.Module, "_apply", apply)
     # [/doc:patch-module-apply]
+
+
+def _openreg_device(device: Any) -> torch.device:
+    from torch._utils import _get_device_index
+
+    return torch.device(BACKEND, _get_device_index(map_device(device), optional=True))
+
+
+# [doc:patch-data-parallel]
+def patch_data_parallel() -> None:
+    """``torch.nn.DataParallel`` across openreg devices (the HF Trainer uses it).
+
+    DataParallel moves data with ``torch.nn.parallel.comm``, whose scatter,
+    gather and broadcast are CUDA kernels (``torch._C._scatter``, ...) absent
+    from other builds. Here they are device-to-device copies; the reductions
+    (``reduce_add``) are already copies and additions. ``src_device_obj`` is
+    mapped, so DataParallel's check that the module lives there passes.
+    """
+    from torch.nn.parallel import comm
+
+    def broadcast_coalesced(tensors: Any, devices: Any, buffer_size: int = 0) -> list:
+        targets = [_openreg_device(d) for d in devices]
+        return [[t.to(d, non_blocking=True) for t in tensors] for d in targets]
+
+    def broadcast(tensor: Any, devices: Any = None, *, out: Any = None) -> tuple:
+        if out is not None:
+            for o in out:
+                o.copy_(tensor, non_blocking=True)
+            return tuple(out)
+        return tuple(tensor.to(_openreg_device(d), non_blocking=True) for d in devices)
+
+    def scatter(
+        tensor: Any,
+        devices: Any = None,
+        chunk_sizes: Any = None,
+        dim: int = 0,
+        streams: Any = None,
+        *,
+        out: Any = None,
+    ) -> tuple:
+        if out is not None:
+            chunks = tensor.split([o.size(dim) for o in out], dim)
+            for o, chunk in zip(out, chunks, strict=True):
+                o.copy_(chunk, non_blocking=True)
+            return tuple(out)
+        if chunk_sizes:
+            chunks = tensor.split(list(chunk_sizes), dim)
+        else:
+            chunks = tensor.chunk(len(devices), dim)
+        outputs = []
+        for i, (chunk, d) in enumerate(zip(chunks, devices, strict=True)):
+            stream = streams[i] if streams else None
+            with torch.openreg.stream(stream):
+                outputs.append(chunk.to(_openreg_device(d), non_blocking=True).contiguous())
+        return tuple(outputs)
+
+    def gather(tensors: Any, dim: int = 0, destination: Any = None, *, out: Any = None) -> Any:
+        if out is not None:
+            return torch.cat(list(tensors), dim, out=out)
+        target = torch.device("cpu") if destination == -1 else _openreg_device(destination)
+        return torch.cat([t.to(target, non_blocking=True) for t in tensors], dim)
+        # [/doc:patch-data-parallel]
+
+    for name, replacement in (
+        ("broadcast_coalesced", broadcast_coalesced),
+        ("broadcast", broadcast),
+        ("scatter", scatter),
+        ("gather", gather),
+    ):
+        if not hasattr(torch._C, f"_{name}"):  # a build without CUDA's kernels
+            _replace(comm, name, lambda original, replacement=replacement: replacement)
+
+    # reduce_add asks NCCL first (warning that this build has none): openreg has none.
+    comm.nccl = types.SimpleNamespace(is_available=lambda tensors: False)
+
+    def dp_init(original: Any) -> Any:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+            original(self, *args, **kwargs)
+            self.src_device_obj = map_device(self.src_device_obj)
+
+        return __init__
+
+    _replace(torch.nn.DataParallel, "__init__", dp_init)
