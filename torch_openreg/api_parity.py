@@ -409,6 +409,11 @@ def render_markdown() -> str:
         "A test also compares this table with `torch.cuda.__all__` and "
         "`torch.cuda.amp.__all__`, so names a new PyTorch adds fail it until they are "
         "listed here.",
+        "",
+        "The migration shim ([migration.md](migration.md)) builds its `torch.cuda` from "
+        "this table: a *same* or *partial* name is the `torch.openreg` counterpart "
+        "(device arguments mapped), any other name raises `CudaApiNotSupportedError` "
+        "with the notes below when it is used.",
     ]
     for title, rows in SECTIONS:
         lines += ["", f"## {title}", "", "| torch.cuda | torch.openreg | status | notes |"]

@@ -79,7 +79,7 @@ class CudaToOpenRegMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is _TORCH_DEVICE:  # device objects keep their type (point 3 above)
+        if func is _TORCH_DEVICE:  # device objects keep their type (module docstring, 3.)
             return func(*args, **kwargs)
         args, kwargs = map_arguments(args, kwargs)
         if func is _TENSOR_CUDA:
