@@ -88,7 +88,9 @@ def test_lightning_ddp_two_devices(lightning_run, tmp_path):
     run = run_script("lightning_train.py", tmp_path, "ddp")
     assert run["strategy"] == "DDPStrategy" and run["world_size"] == 2
     assert run["devices_seen"] == ["openreg:0"]  # rank 0's device
-    assert_same_weights(run["openreg_weights"], run["reference_weights"], rtol=1e-4, atol=1e-5)
+    # Gloo on the CPU and orccl on openreg reduce in the same order: equal.
+    assert_same(run["openreg_losses"], run["cpu_losses"])
+    assert_same_weights(run["openreg_weights"], run["cpu_weights"])
 
 
 @needs("lightning")

@@ -18,10 +18,10 @@ wraps them, for openreg only:
   gets ``MixedPrecision(precision, "openreg")`` (autocast and GradScaler on
   openreg).
 
-Several devices use Lightning's DDP strategy unchanged: its process group
-backend is ``torch.distributed.Backend.default_device_backend_map["openreg"]``
-when openreg registers one with torch.distributed, and Gloo (which cannot
-move openreg tensors) until then.
+Several devices use Lightning's DDP strategy. Its process group backend is
+``torch.distributed.Backend.default_device_backend_map["openreg"]`` (openreg's
+``orccl``, torch_openreg/distributed.py); ``_patch_ddp`` replaces the CUDA
+side stream it builds the DDP module on with an openreg one.
 """
 
 import sys
@@ -176,6 +176,35 @@ def _patch_connector(connector_module: types.ModuleType) -> None:
     connector._check_and_init_precision = _check_and_init_precision
 
 
+def _patch_ddp(ddp_module: types.ModuleType) -> None:
+    """DDPStrategy builds the DDP module inside ``torch.cuda.stream(torch.cuda.Stream())``.
+
+    On openreg the same is done with an openreg side stream (DDP broadcasts
+    the parameters from rank 0 while it is built), and the current stream
+    then waits for it, so the first step reads the broadcast values.
+    """
+    strategy = ddp_module.DDPStrategy
+    original = strategy._setup_model
+    if getattr(original, "_openreg", False):
+        return
+
+    def _setup_model(self: Any, model: Any) -> Any:
+        if self.root_device.type != BACKEND:
+            return original(self, model)
+        from torch.nn.parallel import DistributedDataParallel
+
+        side = torch.openreg.Stream()
+        with torch.openreg.stream(side):
+            wrapped = DistributedDataParallel(
+                module=model, device_ids=self.determine_ddp_device_ids(), **self._ddp_kwargs
+            )
+        torch.openreg.current_stream().wait_stream(side)
+        return wrapped
+
+    _setup_model._openreg = True
+    strategy._setup_model = _setup_model
+
+
 def install() -> None:
     """Registers openreg with Lightning whenever (and if ever) Lightning is imported."""
     from torch_openreg._post_import import when_imported
@@ -183,3 +212,4 @@ def install() -> None:
     for package in PACKAGES:
         when_imported(f"{package}.accelerators", _register)
         when_imported(f"{package}.trainer.connectors.accelerator_connector", _patch_connector)
+        when_imported(f"{package}.strategies.ddp", _patch_ddp)

@@ -182,10 +182,17 @@ def main():
     assert (torch.cuda.CUDAGraph | None) is not None  # an annotation at import time
     assert torch.cuda._is_compiled() is False  # private names are the real module's
 
-    # nccl names openreg's torch.distributed backend (an error while there is none).
+    # "nccl" names openreg's torch.distributed backend (an error while there is none).
     import torch.distributed as dist
 
-    if "openreg" not in dist.Backend.default_device_backend_map:
+    if "openreg" in dist.Backend.default_device_backend_map:
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+        assert dist.get_backend() == dist.Backend.default_device_backend_map["openreg"]
+        summed = torch.arange(3.0, device="cuda")
+        dist.all_reduce(summed)
+        assert summed.device == OR0 and summed.cpu().tolist() == [0.0, 1.0, 2.0]
+        dist.destroy_process_group()
+    else:
         with contextlib.suppress(CudaApiNotSupportedError):
             dist.init_process_group("nccl", init_method="tcp://127.0.0.1:1", rank=0, world_size=1)
             raise AssertionError("init_process_group('nccl') did not raise")
