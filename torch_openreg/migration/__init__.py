@@ -61,7 +61,6 @@ def activate() -> None:
         patches.patch_default_device()
         patches.patch_serialization()
         patches.patch_distributed()
-        patches.patch_module_conversion()
         patches.patch_data_parallel()
         devices.install_thread_hook()
         devices.push_mode()

@@ -202,37 +202,6 @@ def patch_distributed() -> None:
     _replace(dist.distributed_c10d, "new_group", new_group)
 
 
-# [doc:patch-module-apply]
-def patch_module_conversion() -> None:
-    """``Module.cuda()``/``.to("cuda")`` keep the ``Parameter`` objects, as on CUDA.
-
-    On CUDA, ``Module._apply`` moves a parameter with ``param.data = moved``,
-    so an optimizer built before ``model.cuda()`` (accelerate's
-    ``prepare(model, optimizer)``, many scripts) still holds the parameters.
-    PyTorch allows that shallow copy only between its built-in dense
-    backends, not between the CPU and a PrivateUse1 device, and makes new
-    ``Parameter`` objects instead. Under the shim, conversions run with
-    ``torch.__future__``'s swap mode, which swaps the moved tensor into the
-    same ``Parameter`` object (``torch.utils.swap_tensors``).
-    """
-    future = torch.__future__
-
-    def apply(original: Any) -> Any:
-        def _apply(self, *args: Any, **kwargs: Any) -> Any:
-            if future.get_swap_module_params_on_conversion():
-                return original(self, *args, **kwargs)
-            future.set_swap_module_params_on_conversion(True)
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                future.set_swap_module_params_on_conversion(False)
-
-        return _apply
-
-    _replace(torch.nn.Module, "_apply", apply)
-    # [/doc:patch-module-apply]
-
-
 def _openreg_device(device: Any) -> torch.device:
     from torch._utils import _get_device_index
 
