@@ -13,7 +13,12 @@ import sys
 import textwrap
 
 # Must happen before the runtime reads its configuration (first device use).
-for _var in ("OPENREG_DEVICE_COUNT", "OPENREG_DEVICE_MEMORY", "TORCH_DEVICE_BACKEND_AUTOLOAD"):
+for _var in (
+    "OPENREG_DEVICE_COUNT",
+    "OPENREG_DEVICE_MEMORY",
+    "OPENREG_CUDA_SHIM",  # the CUDA migration shim only ever runs in subprocesses
+    "TORCH_DEVICE_BACKEND_AUTOLOAD",
+):
     os.environ.pop(_var, None)
 # The suite compares warnings with the CPU's; the fallback's own
 # once-per-operator notice is tested on its own (test_fallback_log.py).

@@ -1,6 +1,6 @@
 """torch.openreg against torch.cuda, row by row, and the torch.accelerator API.
 
-The rows live in api_parity_table.py (docs/api_parity.md is generated from
+The rows live in torch_openreg/api_parity.py (docs/api_parity.md is generated from
 them). For every row with a counterpart this file checks that it exists, that
 its signature is torch.cuda's, and calls it (CHECKS below), comparing values.
 Rows without a counterpart are checked to be absent from torch.openreg.
@@ -17,9 +17,10 @@ import types
 import warnings
 from pathlib import Path
 
-import api_parity_table as table
 import pytest
 import torch
+
+from torch_openreg import api_parity as table
 
 openreg = torch.openreg
 MiB = 1024 * 1024
@@ -89,7 +90,7 @@ def test_docs_page_is_generated_from_the_table():
     page = REPO / "docs" / "api_parity.md"
     assert page.read_text() == table.render_markdown(), (
         "docs/api_parity.md is stale: run "
-        "`.venv/bin/python tests/api_parity_table.py > docs/api_parity.md`"
+        "`.venv/bin/python -m torch_openreg.api_parity > docs/api_parity.md`"
     )
 
 

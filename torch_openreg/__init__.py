@@ -11,6 +11,7 @@ point (``_autoload.py``), unless ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``.
 """
 
 import atexit
+import os
 import time
 
 import torch
@@ -88,6 +89,18 @@ def _drain_at_exit() -> None:
 
 atexit.register(_drain_at_exit)
 
+# Training frameworks, when (and if) they are imported: Lightning's accelerator
+# registry gets "openreg" (torch_openreg/lightning.py).
+from torch_openreg import lightning as _lightning  # noqa: E402
+
+_lightning.install()
+
+# The CUDA migration shim follows the processes started by one that runs it
+# (spawned workers, subprocesses): they inherit OPENREG_CUDA_SHIM=1.
+if os.environ.get("OPENREG_CUDA_SHIM") == "1":
+    from torch_openreg.migration import activate as _activate_cuda_shim
+
+    _activate_cuda_shim()
 
 # Read by _autoload.load(): the package has finished registering.
 _registered = True

@@ -1,0 +1,121 @@
+"""The CUDA migration shim: CUDA scripts (tests/cuda_scripts/) run on openreg.
+
+Each script is written for CUDA, with the usual ``torch.cuda.is_available()``
+fallback to the CPU. The CPU reference runs in this process (no CUDA here, so
+the scripts take their CPU path); the shim runs in a subprocess, through
+``python -m torch_openreg.run`` or ``import torch_openreg.transfer_to_openreg``.
+Data and initial weights come from the CPU generator, so both runs start from
+the same values and must end with the same ones.
+"""
+
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import clean_env, describe
+
+SCRIPTS = Path(__file__).resolve().parent / "cuda_scripts"
+NOTICE = "torch_openreg: CUDA is mapped to openreg"
+
+
+def run_shim(args, cwd, timeout=150):
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(cwd),
+        env=clean_env(OPENREG_FALLBACK_WARNINGS=0),
+    )
+
+
+def run_on_cpu(script, *args):
+    """The script's CPU path, in this process (torch.cuda is unavailable here)."""
+    saved = sys.argv
+    sys.argv = [str(script), *map(str, args)]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = saved
+
+
+def import_form(script, tmp_path):
+    """A copy of the script whose first line imports the shim."""
+    copy = tmp_path / f"imported_{script.name}"
+    copy.write_text("import torch_openreg.transfer_to_openreg  # noqa\n" + script.read_text())
+    return copy
+
+
+@pytest.mark.parametrize("form", ["run", "import"])
+def test_amp_dataloader_checkpoint_training_matches_cpu(tmp_path, form):
+    script = SCRIPTS / "train_amp.py"
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "shim").mkdir()
+    run_on_cpu(script, tmp_path / "cpu")
+    if form == "run":
+        proc = run_shim(["-m", "torch_openreg.run", str(script), "shim"], tmp_path)
+    else:
+        proc = run_shim([str(import_form(script, tmp_path)), "shim"], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stderr.count(NOTICE) == 1, proc.stderr
+    expected = torch.load(tmp_path / "cpu" / "result.pt")
+    actual = torch.load(tmp_path / "shim" / "result.pt")
+    assert expected["param_device"] == "cpu" and actual["param_device"] == "openreg:0"
+    assert actual["memory_allocated"] > 0  # torch.cuda.memory_allocated() counted openreg's
+    assert len(actual["losses"]) == 3 * 8
+    # Same float16 autocast policy for these ops on both, same kernels: equal.
+    torch.testing.assert_close(actual["losses"], expected["losses"])
+    torch.testing.assert_close(actual["weights"], expected["weights"])
+    assert actual["scale"] == expected["scale"]
+
+
+def test_stream_overlap_idiom_matches_cpu(tmp_path):
+    script = SCRIPTS / "overlap.py"
+    run_on_cpu(script, tmp_path / "cpu.pt")
+    proc = run_shim(["-m", "torch_openreg.run", str(script), "shim.pt"], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    expected = torch.load(tmp_path / "cpu.pt")
+    actual = torch.load(tmp_path / "shim.pt")
+    assert actual["device"] == "openreg:0"
+    torch.testing.assert_close(actual["result"], expected["result"])
+
+
+def test_every_device_entry_point(tmp_path):
+    # A checkpoint as a CUDA machine writes it: storages tagged "cuda:1".
+    registry = torch.serialization._package_registry
+    entry = (-1, lambda storage: "cuda:1" if storage.device.type == "cpu" else None, None)
+    registry.insert(0, entry)
+    try:
+        torch.save({"w": torch.tensor([1.0, 2.0])}, tmp_path / "cuda_tagged.pt")
+    finally:
+        registry.remove(entry)
+    proc = run_shim([str(SCRIPTS / "entry_points.py"), str(tmp_path)], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.strip().endswith("OK"), describe(proc)
+    assert proc.stderr.count(NOTICE) == 1, proc.stderr
+
+
+def test_cuda_only_api_raises_naming_the_call(tmp_path):
+    proc = run_shim(["-m", "torch_openreg.run", str(SCRIPTS / "cuda_graph.py")], tmp_path)
+    assert proc.returncode == 1, describe(proc)
+    assert "replayed" not in proc.stdout
+    assert "CudaApiNotSupportedError: torch.cuda.CUDAGraph is CUDA-specific" in proc.stderr, (
+        describe(proc)
+    )
+
+
+def test_spawned_worker_inherits_the_shim(tmp_path):
+    proc = run_shim(["-m", "torch_openreg.run", str(SCRIPTS / "spawn_worker.py")], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.split("\n")[0] == "openreg:0 [0.0, 2.0, 4.0, 6.0] 2", describe(proc)
+    assert proc.stderr.count(NOTICE) == 1, proc.stderr  # the worker stays quiet
+
+
+def test_run_usage_errors(tmp_path):
+    proc = run_shim(["-m", "torch_openreg.run"], tmp_path, timeout=60)
+    assert proc.returncode == 2 and "usage: python -m torch_openreg.run" in proc.stderr
+    proc = run_shim(["-m", "torch_openreg.run", str(tmp_path / "missing.py")], tmp_path, 60)
+    assert proc.returncode == 1 and "missing.py" in proc.stderr, describe(proc)
