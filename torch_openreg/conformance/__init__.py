@@ -11,26 +11,43 @@ what PyTorch expects (CUDA's semantics for device behaviour, the CPU's for
 values and errors). The result is a Markdown report card.
 """
 
-from . import (  # noqa: F401  (importing a topic module registers its checks, in the card's order)
-    accelerator,
-    allocator,
-    autocast,
-    autograd,
-    compile,
-    copies,
-    device,
-    device_module,
-    distributed,
-    dlpack,
-    generator,
-    guard,
-    operators,
-    pinned,
-    profiler,
-    serialization,
-    streams,
-)
-from .core import CHECKS, TOPICS, Context, Result, run, select, summary_line
-from .report import render
+import importlib
 
-__all__ = ["CHECKS", "TOPICS", "Context", "Result", "render", "run", "select", "summary_line"]
+# The integration points, in the card's order; importing a topic module
+# registers its checks.
+TOPIC_MODULES = (
+    "device",
+    "guard",
+    "streams",
+    "allocator",
+    "pinned",
+    "generator",
+    "copies",
+    "operators",
+    "autograd",
+    "autocast",
+    "serialization",
+    "dlpack",
+    "profiler",
+    "accelerator",
+    "device_module",
+    "distributed",
+    "compile",
+)
+for _module in TOPIC_MODULES:
+    importlib.import_module(f".{_module}", __name__)
+
+from .core import CHECKS, TOPICS, Context, Result, run, select, summary_line  # noqa: E402
+from .report import render  # noqa: E402
+
+__all__ = [
+    "CHECKS",
+    "TOPIC_MODULES",
+    "TOPICS",
+    "Context",
+    "Result",
+    "render",
+    "run",
+    "select",
+    "summary_line",
+]

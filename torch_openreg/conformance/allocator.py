@@ -74,8 +74,10 @@ def module_stats_keys(ctx: Context) -> None:
 
 @check(T)
 def stats_arithmetic(ctx: Context) -> None:
-    """In memory_stats(), current == allocated - freed and peak >= current for every
-    counter, and all == large_pool + small_pool for current, allocated and freed."""
+    """Across allocations and frees, every memory_stats() counter changes by allocated
+    minus freed, peak >= current, and all == large_pool + small_pool for current,
+    allocated and freed."""
+    before = torch.accelerator.memory_stats()
     keep = [torch.empty(n, device=ctx.name) for n in (10, 1000, 300_000, 3_000_000)]
     del keep[1]
     stats = torch.accelerator.memory_stats()
@@ -83,20 +85,22 @@ def stats_arithmetic(ctx: Context) -> None:
     for f in _FAMILIES:
         for p in _POOLS:
             key = f"{f}.{p}"
-            cur, peak = stats.get(f"{key}.current"), stats.get(f"{key}.peak")
-            alloc, freed = stats.get(f"{key}.allocated"), stats.get(f"{key}.freed")
-            if None in (cur, peak, alloc, freed):
-                problems.append(f"{key}.* missing")
-                continue
-            if cur != alloc - freed:
-                problems.append(f"{key}: current {cur} != allocated {alloc} - freed {freed}")
-            if peak < cur:
-                problems.append(f"{key}: peak {peak} < current {cur}")
+            delta = {m: stats.get(f"{key}.{m}", 0) - before.get(f"{key}.{m}", 0) for m in _METRICS}
+            if delta["current"] != delta["allocated"] - delta["freed"]:
+                problems.append(
+                    f"{key}: current changed by {delta['current']}, allocated - freed by "
+                    f"{delta['allocated']} - {delta['freed']}"
+                )
+            if stats.get(f"{key}.peak", 0) < stats.get(f"{key}.current", 0):
+                problems.append(
+                    f"{key}: peak {stats[key + '.peak']} < current {stats[key + '.current']}"
+                )
         for m in ("current", "allocated", "freed"):
             parts = [stats.get(f"{f}.{p}.{m}") for p in _POOLS]
             if None not in parts and parts[0] != parts[1] + parts[2]:
                 problems.append(f"{f}.all.{m} {parts[0]} != large {parts[1]} + small {parts[2]}")
     expect(not problems, "; ".join(problems[:6]))
+    del keep
 
 
 @check(T)

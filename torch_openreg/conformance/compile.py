@@ -2,8 +2,9 @@
 device (``eager``, ``aot_eager``) run device tensors now; the default backend
 (Inductor) needs the device to be registered with Dynamo and Inductor.
 
-Whether Inductor works is found by trying: a fresh process compiles a tiny
-function with the default backend (its code cache in a temporary directory).
+Whether Inductor works is found by trying: the kit compiles a tiny function
+with the default backend (Inductor's code cache goes to the run's temporary
+directory unless TORCHINDUCTOR_CACHE_DIR is set).
 If that fails and Dynamo has no device interface for the device type, the
 Inductor checks are skipped with both errors; if an interface is registered,
 the error is a failure.
@@ -17,55 +18,64 @@ from .core import Context, Failure, Skip, check, expect, expect_close, expect_eq
 
 T = topic("compile", "torch.compile")
 
-_INDUCTOR_PROBE = r"""
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.getcwd(), "inductor-cache"))
 
-def first_line(e):
+def _first_line(e: BaseException) -> str:
     text = [line.strip() for line in str(e).strip().splitlines() if line.strip()][:2]
     return f"{type(e).__name__}: {' '.join(text)}"[:240]
 
-try:
-    from torch._dynamo.device_interface import get_interface_for_device
-    get_interface_for_device(NAME)
-    out["interface"] = None
-except Exception as e:
-    out["interface"] = first_line(e)
 
-def f(a, b):
+def _f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.sin() * b + 1).relu().sum(dim=0)
 
-torch.manual_seed(0)
-x, y = torch.randn(8, 8), torch.randn(8, 8)
-try:
-    r = torch.compile(f)(x.to(NAME), y.to(NAME))
-    out["forward"] = {"device": r.device.type, "close": torch.allclose(r.cpu(), f(x, y), atol=1e-5)}
-except Exception as e:
-    out["forward"] = {"error": first_line(e)}
 
-if "error" not in out["forward"]:
+def _inductor_probe(ctx: Context) -> dict:
+    """Compiles with the default backend in this process (once per run): forward,
+    backward and dynamic shapes, each result or error recorded."""
+    if "inductor" in ctx.scratch:
+        return ctx.scratch["inductor"]
+    out: dict = {}
     try:
-        w = torch.randn(8, 4, device=NAME, requires_grad=True)
-        loss = torch.compile(lambda a, w: (a @ w).tanh().pow(2).sum())(x.to(NAME), w)
-        loss.backward()
-        w_cpu = w.detach().cpu().requires_grad_()
-        (x @ w_cpu).tanh().pow(2).sum().backward()
-        out["backward"] = {"close": torch.allclose(w.grad.cpu(), w_cpu.grad, atol=1e-4)}
+        from torch._dynamo.device_interface import get_interface_for_device
+
+        get_interface_for_device(ctx.name)
+        out["interface"] = None
     except Exception as e:
-        out["backward"] = {"error": first_line(e)}
+        out["interface"] = _first_line(e)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
     try:
-        g = torch.compile(lambda a: a.cos() * 2 - a, dynamic=True)
-        ok = []
-        for n in (5, 9, 13):
-            a = torch.randn(n, 3)
-            ok.append(torch.allclose(g(a.to(NAME)).cpu(), a.cos() * 2 - a, atol=1e-5))
-        out["dynamic"] = {"close": all(ok)}
+        r = torch.compile(_f)(x.to(ctx.name), y.to(ctx.name))
+        close = torch.allclose(r.cpu(), _f(x, y), atol=1e-5)
+        out["forward"] = {"device": r.device.type, "close": close}
     except Exception as e:
-        out["dynamic"] = {"error": first_line(e)}
-"""
+        out["forward"] = {"error": _first_line(e)}
+    if "error" not in out["forward"]:
+        try:
+            w = torch.randn(8, 4, device=ctx.name, requires_grad=True)
+            loss = torch.compile(lambda a, w: (a @ w).tanh().pow(2).sum())(x.to(ctx.name), w)
+            loss.backward()
+            w_cpu = w.detach().cpu().requires_grad_()
+            (x @ w_cpu).tanh().pow(2).sum().backward()
+            out["backward"] = {"close": torch.allclose(w.grad.cpu(), w_cpu.grad, atol=1e-4)}
+        except Exception as e:
+            out["backward"] = {"error": _first_line(e)}
+        try:
+            g = torch.compile(lambda a: a.cos() * 2 - a, dynamic=True)
+            ok = []
+            for n in (5, 9, 13):
+                a = torch.randn(n, 3)
+                ok.append(torch.allclose(g(a.to(ctx.name)).cpu(), a.cos() * 2 - a, atol=1e-5))
+            out["dynamic"] = {"close": all(ok)}
+        except Exception as e:
+            out["dynamic"] = {"error": _first_line(e)}
+    torch._dynamo.reset()
+    ctx.scratch["inductor"] = out
+    return out
 
 
 def _inductor(ctx: Context, key: str) -> dict:
-    probe = ctx.fresh(_INDUCTOR_PROBE)
+    probe = _inductor_probe(ctx)
     forward = probe["forward"]
     if "error" in forward:
         if probe["interface"] is not None:
@@ -84,7 +94,7 @@ def _inductor(ctx: Context, key: str) -> dict:
 @check(T)
 def dynamo_device_interface(ctx: Context) -> None:
     """Dynamo has a device interface for NAME whose device_count() is the backend's."""
-    probe = ctx.fresh(_INDUCTOR_PROBE)
+    probe = _inductor_probe(ctx)
     if probe["interface"] is not None:
         raise Skip(f"no Dynamo device interface: {probe['interface']}")
     from torch._dynamo.device_interface import get_interface_for_device

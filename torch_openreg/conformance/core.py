@@ -333,6 +333,13 @@ def run(
         os._exit(3)
 
     watchdog = _Watchdog(hung)
+    # Whatever PyTorch caches on disk during the run (Inductor's generated
+    # code) goes to a temporary directory, unless the user chose a place.
+    tmp = tempfile.TemporaryDirectory(prefix="conformance-run-")
+    cache_var = "TORCHINDUCTOR_CACHE_DIR"
+    own_cache = cache_var not in os.environ
+    if own_cache:
+        os.environ[cache_var] = os.path.join(tmp.name, "inductor")
     try:
         for chk in checks:
             watchdog.arm(chk, timeout)
@@ -343,6 +350,9 @@ def run(
                 on_result(result)
     finally:
         watchdog.stop()
+        if own_cache:
+            os.environ.pop(cache_var, None)
+        tmp.cleanup()
     return results
 
 
