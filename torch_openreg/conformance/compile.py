@@ -74,6 +74,7 @@ def _inductor_probe(ctx: Context) -> dict:
     return out
 
 
+# [doc:conformance-detect-by-trying]
 def _inductor(ctx: Context, key: str) -> dict:
     probe = _inductor_probe(ctx)
     forward = probe["forward"]
@@ -91,6 +92,7 @@ def _inductor(ctx: Context, key: str) -> dict:
     return result
 
 
+# [/doc:conformance-detect-by-trying]
 @check(T)
 def dynamo_device_interface(ctx: Context) -> None:
     """Dynamo has a device interface for NAME whose device_count() is the backend's."""

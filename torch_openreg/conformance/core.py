@@ -126,6 +126,7 @@ def topic(key: str, title: str) -> str:
     return key
 
 
+# [doc:conformance-check]
 def check(topic_key: str, devices: int = 1) -> Callable[[Callable], Callable]:
     """Registers ``fn`` as a check of ``topic_key``; its docstring is the expectation."""
 
@@ -141,6 +142,9 @@ def check(topic_key: str, devices: int = 1) -> Callable[[Callable], Callable]:
         return fn
 
     return register
+
+
+# [/doc:conformance-check]
 
 
 # ---------------------------------------------------------------------------

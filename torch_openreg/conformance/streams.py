@@ -151,6 +151,7 @@ def idle_queries(ctx: Context) -> None:
     expect_equal(torch.Event(device=ctx.name).query(), True, "unrecorded event query()")
 
 
+# [doc:conformance-wait-stream]
 def _producer_consumer(ctx: Context, order) -> tuple[torch.Tensor, torch.Tensor]:
     """Producer stream fills `buf` after long work; consumer reads it after `order`."""
     buf = torch.zeros(N, N, device=ctx.name)
@@ -175,6 +176,7 @@ def wait_stream_orders(ctx: Context) -> None:
     expect_close(out, want, "consumer's result")
 
 
+# [/doc:conformance-wait-stream]
 @check(T)
 def wait_event_orders(ctx: Context) -> None:
     """Work queued on B after B.wait_event(e) sees the work recorded before e on A."""

@@ -121,6 +121,7 @@ bool LoadDriver(const char* path, std::string* error) {
 
 }  // namespace
 
+// [doc:driver-loader-forward]
 // The API the tests call, forwarded to the loaded driver.
 extern "C" {
 #define OPENREG_FORWARD(ret, name, params, args) \
@@ -128,6 +129,7 @@ extern "C" {
 OPENREG_DRIVER_API(OPENREG_FORWARD)
 #undef OPENREG_FORWARD
 }
+// [/doc:driver-loader-forward]
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
