@@ -56,8 +56,10 @@ def expect_equal(actual: object, expected: object, what: str) -> None:
 def _to_cpu(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.cpu()
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(_to_cpu(o) for o in obj))
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(o) for o in obj) if not hasattr(obj, "_fields") else obj
+        return type(obj)(_to_cpu(o) for o in obj)
     return obj
 
 
