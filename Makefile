@@ -5,6 +5,7 @@
 #   make test         set up, build, run the runtime gtests and the pytest suite
 #   make bench        set up, build, run the openreg/CPU benchmarks
 #   make opinfo       set up, build, the full OpInfo differential run
+#   make conformance  set up, build, print openreg's conformance report card
 #   make format lint  clang-format + ruff
 #
 # Variables: BUILD_TYPE (Release), SANITIZE (e.g. address,undefined), PYTHON.
@@ -22,7 +23,7 @@ export OPENREG_BUILD_DIR := $(abspath $(BUILD_DIR))
 
 CPP_SOURCES := $(shell find runtime csrc -name '*.cpp' -o -name '*.h')
 
-.PHONY: all setup build demo test test-runtime test-runtime-asan test-python bench opinfo format lint clean
+.PHONY: all setup build demo test test-runtime test-runtime-asan test-python bench opinfo conformance conformance-card format lint clean
 
 all: build
 
@@ -70,6 +71,20 @@ bench: build
 # gradients, openreg vs CPU (~6 min); report in build/opinfo-report.md.
 opinfo: build
 	$(PY) -m tests.opinfo.harness --grad --report build/opinfo-report.md
+
+# The conformance kit (torch_openreg/conformance/, docs/conformance.md) on
+# openreg: prints the report card; fails when a check fails.
+conformance: build
+	$(PY) -m torch_openreg.conformance --device openreg
+
+# Regenerates docs/conformance-card.md on the default simulated machine (what
+# tests/test_conformance.py compares with); a failed check is recorded, not fatal.
+CONFORMANCE_ENV := env -u OPENREG_DEVICE_COUNT -u OPENREG_DEVICE_MEMORY \
+	-u OPENREG_LAUNCH_BLOCKING -u OPENREG_SANITIZE_STREAMS -u TORCH_DEVICE_BACKEND_AUTOLOAD \
+	OPENREG_FALLBACK_WARNINGS=0
+conformance-card: build
+	$(CONFORMANCE_ENV) $(PY) -m torch_openreg.conformance --device openreg --quiet \
+	    --report docs/conformance-card.md > /dev/null; test $$? -le 1
 
 format: setup
 	clang-format -i $(CPP_SOURCES) $(shell find runtime/tests -name '*.cpp')

@@ -1,5 +1,7 @@
-// Device memory: allocation, pointer attributes, copies, memset and kernel
-// pointers.
+// Contract: device memory — allocation, pointer attributes, copies, memset,
+// kernel pointers, copies ordered with streams. The simulator's own facts
+// (exact 512-byte accounting, best-fit placement, coalescing, pages returned
+// on free) are in ../simulator/memory.cpp.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -16,7 +18,6 @@ namespace {
 using openreg_test::DeviceBuffer;
 using openreg_test::DeviceCount;
 using openreg_test::Gate;
-using openreg_test::RoundUp;
 using openreg_test::RuntimeTest;
 using openreg_test::StreamHandle;
 
@@ -49,7 +50,7 @@ TEST_F(MemoryTest, MallocAndFree) {
   void* p = reinterpret_cast<void*>(0x1);
   OR_ASSERT_OK(orMalloc(&p, 1000));
   ASSERT_NE(nullptr, p);
-  EXPECT_EQ(free_before - 1024, FreeBytes());
+  EXPECT_LE(FreeBytes() + 1000, free_before);
   OR_ASSERT_OK(orFree(p));
   EXPECT_EQ(free_before, FreeBytes());
 }
@@ -78,7 +79,7 @@ TEST_F(MemoryTest, AllocationsAre512AlignedAndDisjoint) {
     EXPECT_EQ(0u, reinterpret_cast<uintptr_t>(p) % 512) << "size " << n;
     orPointerAttributes attr;
     OR_ASSERT_OK(orPointerGetAttributes(&attr, p));
-    EXPECT_EQ(RoundUp(n, 512), attr.size);
+    EXPECT_GE(attr.size, n);
     EXPECT_EQ(p, attr.base);
     ptrs.push_back(p);
   }
@@ -88,8 +89,7 @@ TEST_F(MemoryTest, AllocationsAre512AlignedAndDisjoint) {
       if (i == j) continue;
       auto a = reinterpret_cast<uintptr_t>(ptrs[i]);
       auto b = reinterpret_cast<uintptr_t>(ptrs[j]);
-      EXPECT_TRUE(a + RoundUp(sizes[i], 512) <= b ||
-                  b + RoundUp(sizes[j], 512) <= a);
+      EXPECT_TRUE(a + sizes[i] <= b || b + sizes[j] <= a);
     }
   }
   for (void* p : ptrs) {
@@ -99,6 +99,7 @@ TEST_F(MemoryTest, AllocationsAre512AlignedAndDisjoint) {
 
 TEST_F(MemoryTest, MoreThanCapacityIsOutOfMemory) {
   const size_t capacity = Capacity();
+  const size_t free_before = FreeBytes();
   for (size_t n :
        {capacity + 1, capacity + 512, capacity * 2, SIZE_MAX, SIZE_MAX - 100}) {
     SCOPED_TRACE(n);
@@ -106,90 +107,7 @@ TEST_F(MemoryTest, MoreThanCapacityIsOutOfMemory) {
     EXPECT_EQ(orErrorMemoryAllocation, orMalloc(&p, n));
     EXPECT_EQ(nullptr, p);
   }
-  EXPECT_EQ(capacity, FreeBytes());
-}
-
-TEST_F(MemoryTest, WholeCapacityThenFullThenFreeThenSucceed) {
-  const size_t capacity = Capacity();
-  void* all = nullptr;
-  OR_ASSERT_OK(orMalloc(&all, capacity));
-  ASSERT_NE(nullptr, all);
-  EXPECT_EQ(0u, FreeBytes());
-
-  void* p = reinterpret_cast<void*>(0x1);
-  EXPECT_EQ(orErrorMemoryAllocation, orMalloc(&p, 1));
-  EXPECT_EQ(nullptr, p);
-
-  OR_ASSERT_OK(orFree(all));
-  OR_ASSERT_OK(orMalloc(&p, 1));
-  EXPECT_NE(nullptr, p);
-  OR_ASSERT_OK(orFree(p));
-}
-
-TEST_F(MemoryTest, FillFailFreeSucceed) {
-  const size_t capacity = Capacity();
-  const size_t chunk = capacity / 8 / 512 * 512;
-  std::vector<void*> blocks;
-  for (;;) {
-    void* p = nullptr;
-    orError_t err = orMalloc(&p, chunk);
-    if (err != orSuccess) {
-      EXPECT_EQ(orErrorMemoryAllocation, err);
-      EXPECT_EQ(nullptr, p);
-      break;
-    }
-    blocks.push_back(p);
-    ASSERT_LE(blocks.size(), 8u) << "allocated more than the capacity";
-  }
-  ASSERT_EQ(8u, blocks.size());
-  // The remainder (if any) is smaller than a chunk but still usable.
-  const size_t rest = FreeBytes();
-  EXPECT_EQ(capacity - 8 * chunk, rest);
-
-  // Free one chunk in the middle: the same size fits again, twice does not.
-  OR_ASSERT_OK(orFree(blocks[3]));
-  void* again = nullptr;
-  OR_ASSERT_OK(orMalloc(&again, chunk));
-  EXPECT_EQ(blocks[3], again);  // the only hole that fits
-  blocks[3] = again;
-  void* p = nullptr;
-  EXPECT_EQ(orErrorMemoryAllocation, orMalloc(&p, chunk));
-
-  for (void* b : blocks) {
-    OR_ASSERT_OK(orFree(b));
-  }
-  EXPECT_EQ(capacity, FreeBytes());
-}
-
-TEST_F(MemoryTest, FreedBlocksCoalesce) {
-  const size_t capacity = Capacity();
-  // 256 blocks spanning the whole device, freed in an order that merges each
-  // block with its left neighbour, its right neighbour, or both.
-  const size_t kBlocks = 256;
-  const size_t block = capacity / kBlocks / 512 * 512;
-  ASSERT_GT(block, 0u);
-  std::vector<void*> ptrs(kBlocks);
-  for (auto& p : ptrs) {
-    OR_ASSERT_OK(orMalloc(&p, block));
-  }
-  std::vector<size_t> order;
-  for (size_t i = 0; i < 85; ++i) order.push_back(i);            // left merges
-  for (size_t i = 169; i >= 85; --i) order.push_back(i);         // right merges
-  for (size_t i = 170; i < kBlocks; i += 2) order.push_back(i);  // isolated
-  for (size_t i = 171; i < kBlocks; i += 2) order.push_back(i);  // both sides
-  ASSERT_EQ(kBlocks, order.size());
-  for (size_t i : order) {
-    OR_ASSERT_OK(orFree(ptrs[i]));
-  }
-  ASSERT_EQ(capacity, FreeBytes());
-
-  // Only a fully coalesced free list can hold (almost) the whole device.
-  void* big = nullptr;
-  OR_ASSERT_OK(orMalloc(&big, capacity - 512));
-  OR_ASSERT_OK(orFree(big));
-  OR_ASSERT_OK(orMalloc(&big, capacity));
-  EXPECT_EQ(ptrs[0], big);
-  OR_ASSERT_OK(orFree(big));
+  EXPECT_EQ(free_before, FreeBytes());
 }
 
 TEST_F(MemoryTest, DoubleFreeIsInvalidDevicePointer) {
@@ -219,9 +137,12 @@ TEST_F(MemoryTest, FreeOfNonAllocationPointersFails) {
 
 TEST_F(MemoryTest, InteriorPointerAttributes) {
   DeviceBuffer buf(10000);
-  const size_t rounded = RoundUp(10000, 512);
+  orPointerAttributes whole;
+  OR_ASSERT_OK(orPointerGetAttributes(&whole, buf.get()));
+  const size_t size = whole.size;
+  EXPECT_GE(size, 10000u);
   for (size_t off : {size_t{0}, size_t{1}, size_t{511}, size_t{512},
-                     size_t{9999}, rounded - 1}) {
+                     size_t{9999}, size - 1}) {
     SCOPED_TRACE(off);
     orPointerAttributes attr;
     std::memset(&attr, 0x5a, sizeof(attr));
@@ -229,7 +150,7 @@ TEST_F(MemoryTest, InteriorPointerAttributes) {
     EXPECT_EQ(orMemoryTypeDevice, attr.type);
     EXPECT_EQ(0, attr.device);
     EXPECT_EQ(buf.get(), attr.base);
-    EXPECT_EQ(rounded, attr.size);
+    EXPECT_EQ(size, attr.size);
   }
 }
 
@@ -241,27 +162,6 @@ TEST_F(MemoryTest, AttributesOfFreedOrUnallocatedDeviceAddresses) {
   EXPECT_EQ(orErrorInvalidDevicePointer, orPointerGetAttributes(&attr, p));
   EXPECT_EQ(orErrorInvalidDevicePointer,
             orPointerGetAttributes(&attr, static_cast<char*>(p) + 100));
-
-  // The whole-device allocation starts at the device's base; with it freed,
-  // the last byte of the device range is in no live allocation either.
-  const size_t capacity = Capacity();
-  void* all = nullptr;
-  OR_ASSERT_OK(orMalloc(&all, capacity));
-  OR_ASSERT_OK(
-      orPointerGetAttributes(&attr, static_cast<char*>(all) + capacity - 1));
-  EXPECT_EQ(orMemoryTypeDevice, attr.type);
-  EXPECT_EQ(capacity, attr.size);
-  OR_ASSERT_OK(orFree(all));
-  EXPECT_EQ(
-      orErrorInvalidDevicePointer,
-      orPointerGetAttributes(&attr, static_cast<char*>(all) + capacity - 1));
-  // One past the range is no longer this device's memory (it may be another
-  // device's or unmapped host space) and must not report device 0.
-  orError_t err =
-      orPointerGetAttributes(&attr, static_cast<char*>(all) + capacity);
-  if (err == orSuccess && attr.type == orMemoryTypeDevice) {
-    EXPECT_NE(0, attr.device);
-  }
 }
 
 TEST_F(MemoryTest, AttributesOfHostPointers) {
@@ -519,7 +419,6 @@ TEST_F(MemoryTest, KernelPointerIsAWritableAliasOfDeviceMemory) {
   void* kp = nullptr;
   OR_ASSERT_OK(orGetKernelPointer(&kp, dev.get()));
   ASSERT_NE(nullptr, kp);
-  EXPECT_NE(dev.get(), kp);
 
   // Kernel-side write, read back through the driver.
   AliasArgs write{static_cast<unsigned char*>(kp), n, nullptr, false};
@@ -555,26 +454,6 @@ TEST_F(MemoryTest, KernelPointerBadArguments) {
   kp = reinterpret_cast<void*>(0x1);
   EXPECT_EQ(orErrorInvalidDevicePointer, orGetKernelPointer(&kp, nullptr));
   EXPECT_EQ(nullptr, kp);
-}
-
-TEST_F(MemoryTest, FreedPagesAreReturned) {
-  // orFree punches the block's whole pages out of the arena, so a new
-  // allocation over the same bytes reads zeros, not the old contents.
-  const size_t n = 1 << 20;
-  void* p = nullptr;
-  OR_ASSERT_OK(orMalloc(&p, n));
-  OR_ASSERT_OK(orMemset(p, 0xab, n));
-  OR_ASSERT_OK(orFree(p));
-  void* q = nullptr;
-  OR_ASSERT_OK(orMalloc(&q, n));
-  if (q != p) {
-    OR_ASSERT_OK(orFree(q));
-    GTEST_SKIP() << "allocator placed the block elsewhere";
-  }
-  std::vector<unsigned char> out(n, 0xee);
-  OR_ASSERT_OK(orMemcpy(out.data(), q, n, orMemcpyDeviceToHost));
-  EXPECT_EQ(std::vector<unsigned char>(n, 0), out);
-  OR_ASSERT_OK(orFree(q));
 }
 
 // --- copies and streams -----------------------------------------------------

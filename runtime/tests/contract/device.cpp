@@ -1,5 +1,7 @@
-// Device management: count, current device, properties, memory info, error
-// strings, version, and initialisation from the environment.
+// Contract: device management — count, current device (per thread),
+// properties, memory info, error strings, version. What any driver behind
+// runtime/include/openreg.h must do; the simulator's own facts (two devices
+// by default, the environment variables) are in ../simulator/device.cpp.
 #include <unistd.h>
 
 #include <climits>
@@ -20,14 +22,10 @@ using openreg_test::RuntimeTest;
 
 class DeviceTest : public RuntimeTest {};
 
-TEST_F(DeviceTest, CountIsPositiveAndDefaultsToTwo) {
+TEST_F(DeviceTest, CountIsPositive) {
   int count = -1;
   OR_ASSERT_OK(orGetDeviceCount(&count));
   EXPECT_GE(count, 1);
-  EXPECT_LE(count, 16);
-  if (std::getenv("OPENREG_DEVICE_COUNT") == nullptr) {
-    EXPECT_EQ(2, count);
-  }
 }
 
 TEST_F(DeviceTest, SetAndGetEveryDevice) {
@@ -114,26 +112,20 @@ TEST_F(DeviceTest, Properties) {
   OR_ASSERT_OK(orDeviceGetStreamPriorityRange(&least, &greatest));
   EXPECT_LE(greatest, least);  // lower number = higher priority
 
-  size_t first_total = 0;
   for (int d = 0; d < count; ++d) {
     SCOPED_TRACE(d);
     orDeviceProp prop;
     std::memset(&prop, 0xff, sizeof(prop));
     OR_ASSERT_OK(orGetDeviceProperties(&prop, d));
-    EXPECT_STREQ("openreg simulated device", prop.name);
-    EXPECT_GE(prop.totalGlobalMem, size_t{1} << 20);
-    EXPECT_EQ(0u, prop.totalGlobalMem % 512);
-    EXPECT_GE(prop.major, 1);
+    const size_t name_len = strnlen(prop.name, sizeof(prop.name));
+    EXPECT_GT(name_len, 0u);
+    EXPECT_LT(name_len, sizeof(prop.name));  // NUL-terminated
+    EXPECT_GT(prop.totalGlobalMem, 0u);
+    EXPECT_GE(prop.major, 0);
     EXPECT_GE(prop.minor, 0);
     EXPECT_GE(prop.multiProcessorCount, 1);
-    EXPECT_EQ(d, prop.pciBusID);
     EXPECT_EQ(least, prop.streamPriorityLeast);
     EXPECT_EQ(greatest, prop.streamPriorityGreatest);
-    if (d == 0) {
-      first_total = prop.totalGlobalMem;
-    }
-    // Every device has the same capacity.
-    EXPECT_EQ(first_total, prop.totalGlobalMem);
 
     // orMemGetInfo reports the same capacity for the current device.
     OR_ASSERT_OK(orSetDevice(d));
@@ -145,26 +137,19 @@ TEST_F(DeviceTest, Properties) {
   }
 }
 
-TEST_F(DeviceTest, MemGetInfoTracksRoundedAllocationSize) {
+TEST_F(DeviceTest, AllocationReducesFreeMemoryUntilFreed) {
   size_t free0 = 0;
   size_t total0 = 0;
   OR_ASSERT_OK(orMemGetInfo(&free0, &total0));
-
-  struct Case {
-    size_t request;
-    size_t charged;
-  };
-  for (Case c : {Case{1, 512}, Case{511, 512}, Case{512, 512}, Case{513, 1024},
-                 Case{4096, 4096}, Case{100000, 100352}}) {
-    SCOPED_TRACE(c.request);
+  for (size_t request : {size_t{1}, size_t{513}, size_t{1} << 20}) {
+    SCOPED_TRACE(request);
     void* p = nullptr;
-    OR_ASSERT_OK(orMalloc(&p, c.request));
+    OR_ASSERT_OK(orMalloc(&p, request));
     size_t free1 = 0;
     size_t total1 = 0;
     OR_ASSERT_OK(orMemGetInfo(&free1, &total1));
     EXPECT_EQ(total0, total1);
-    EXPECT_EQ(free0 - c.charged, free1);
-
+    EXPECT_LE(free1 + request, free0);
     OR_ASSERT_OK(orFree(p));
     OR_ASSERT_OK(orMemGetInfo(&free1, &total1));
     EXPECT_EQ(free0, free1);
@@ -185,7 +170,7 @@ TEST_F(DeviceTest, MemGetInfoIsPerDevice) {
     ASSERT_NE(nullptr, on_device1.get());
     size_t now = 0;
     OR_ASSERT_OK(orMemGetInfo(&now, &total));
-    EXPECT_EQ(free1 - (1 << 20), now);
+    EXPECT_LE(now + (1 << 20), free1);
 
     OR_ASSERT_OK(orSetDevice(0));
     OR_ASSERT_OK(orMemGetInfo(&now, &total));
@@ -264,116 +249,6 @@ TEST(VersionTest, RuntimeVersion) {
   OR_ASSERT_OK(orRuntimeGetVersion(&version));
   EXPECT_GE(version, 1000);    // major >= 1
   EXPECT_EQ(0, version % 10);  // major * 1000 + minor * 10
-}
-
-// ---------------------------------------------------------------------------
-// Initialisation from the environment. The runtime reads its environment
-// once per process, so each case runs in a fresh process: a "threadsafe"
-// death test re-executes this binary and runs only the statement's test, in
-// which nothing has touched the runtime before the statement.
-
-// Sets (or, for nullptr, unsets) the two variables, initialises the runtime
-// and reports the outcome on stderr for the parent's regex.
-[[noreturn]] void InitWith(const char* count_env, const char* memory_env) {
-  auto set = [](const char* name, const char* value) {
-    if (value != nullptr) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  };
-  set("OPENREG_DEVICE_COUNT", count_env);
-  set("OPENREG_DEVICE_MEMORY", memory_env);
-  int count = -1;
-  orError_t err = orGetDeviceCount(&count);
-  orError_t init_err = orInit();
-  orDeviceProp prop;
-  std::memset(&prop, 0, sizeof(prop));
-  orError_t prop_err = orGetDeviceProperties(&prop, 0);
-  void* p = nullptr;
-  orError_t malloc_err = orMalloc(&p, 1);
-  std::fprintf(stderr,
-               "[err=%s count=%d init=%s prop=%s total=%zu malloc=%s]\n",
-               orGetErrorName(err), count, orGetErrorName(init_err),
-               orGetErrorName(prop_err), prop.totalGlobalMem,
-               orGetErrorName(malloc_err));
-  std::fflush(stderr);
-  _exit(0);
-}
-
-class DeviceEnvDeathTest : public ::testing::Test {
- protected:
-  void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
-};
-
-TEST_F(DeviceEnvDeathTest, DefaultsWithoutVariables) {
-  EXPECT_EXIT(InitWith(nullptr, nullptr), ::testing::ExitedWithCode(0),
-              "\\[err=orSuccess count=2 init=orSuccess prop=orSuccess "
-              "total=4294967296 malloc=orSuccess\\]");
-}
-
-TEST_F(DeviceEnvDeathTest, DeviceCountFromEnvironment) {
-  EXPECT_EXIT(InitWith("1", nullptr), ::testing::ExitedWithCode(0),
-              "\\[err=orSuccess count=1 ");
-  EXPECT_EXIT(InitWith("5", nullptr), ::testing::ExitedWithCode(0),
-              "\\[err=orSuccess count=5 ");
-  EXPECT_EXIT(InitWith("16", nullptr), ::testing::ExitedWithCode(0),
-              "\\[err=orSuccess count=16 ");
-}
-
-TEST_F(DeviceEnvDeathTest, BadDeviceCountFailsInitialisation) {
-  for (const char* bad : {"0", "17", "-1", "two", "2x", ""}) {
-    SCOPED_TRACE(bad);
-    // Every later call keeps reporting the failure; count is zeroed.
-    EXPECT_EXIT(InitWith(bad, nullptr), ::testing::ExitedWithCode(0),
-                "OPENREG_DEVICE_COUNT.*\\[err=orErrorInitializationError "
-                "count=0 init=orErrorInitializationError "
-                "prop=orErrorInitializationError total=0 "
-                "malloc=orErrorInitializationError\\]");
-  }
-}
-
-TEST_F(DeviceEnvDeathTest, DeviceMemoryFromEnvironment) {
-  struct Case {
-    const char* text;
-    const char* total;
-  };
-  const long page = sysconf(_SC_PAGESIZE);
-  // 1 MiB + 1 byte is rounded up to whole pages.
-  const std::string rounded =
-      std::to_string((1048577 + page - 1) / page * page);
-  for (Case c : {Case{"64M", "67108864"}, Case{"1G", "1073741824"},
-                 Case{"2048k", "2097152"}, Case{"1MiB", "1048576"},
-                 Case{"3GB", "3221225472"}, Case{"1048576", "1048576"},
-                 Case{"1048577", rounded.c_str()}}) {
-    SCOPED_TRACE(c.text);
-    EXPECT_EXIT(
-        InitWith(nullptr, c.text), ::testing::ExitedWithCode(0),
-        std::string("\\[err=orSuccess count=2 init=orSuccess prop=orSuccess "
-                    "total=") +
-            c.total + " malloc=orSuccess\\]");
-  }
-}
-
-TEST_F(DeviceEnvDeathTest, BadDeviceMemoryFailsInitialisation) {
-  for (const char* bad :
-       {"", "abc", "512K", "1048575", "12T", "4G!", "1.5G", "-1", "-1G",
-        "99999999999999999999G", "18446744073709551615"}) {
-    SCOPED_TRACE(bad);
-    EXPECT_EXIT(InitWith(nullptr, bad), ::testing::ExitedWithCode(0),
-                "OPENREG_DEVICE_MEMORY.*\\[err=orErrorInitializationError "
-                "count=0 init=orErrorInitializationError ");
-  }
-}
-
-TEST_F(DeviceEnvDeathTest, DeviceCreationFailureIsReportedByInit) {
-  // A well-formed size no mapping can satisfy (8 PiB per device): the
-  // configuration is valid, so orGetDeviceCount (which only reads it)
-  // succeeds, but creating the devices fails.
-  EXPECT_EXIT(InitWith(nullptr, "8388608G"), ::testing::ExitedWithCode(0),
-              "\\[err=orSuccess count=2 init=orErrorInitializationError "
-              "prop=orErrorInitializationError total=0 "
-              "malloc=orErrorInitializationError\\]");
 }
 
 }  // namespace
