@@ -28,11 +28,7 @@ CARD = ROOT / "docs" / "conformance-card.md"
 
 # Checks openreg fails today, each a real difference from CUDA the kit must
 # keep reporting until openreg is fixed (then remove the entry).
-KNOWN_FAILURES = {
-    # CUDA's autocast bans binary_cross_entropy (RuntimeError "unsafe to
-    # autocast"); openreg's AutocastPrivateUse1 registrations do not.
-    "autocast.banned_binary_cross_entropy": "binary_cross_entropy: returned normally",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 SUMMARY_RE = re.compile(r"^(\d+) passed, (\d+) failed, (\d+) skipped$")
 RESULT_RE = re.compile(r"^- (passed|\*\*FAILED\*\*|skipped) `([\w.]+)`: ")

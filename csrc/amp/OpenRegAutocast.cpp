@@ -6,6 +6,7 @@
 //  - fp32: ops that need range or precision run in float32;
 //  - fp32_set_opt_dtype / fp32_append_dtype: reductions get dtype=float32;
 //  - promote: mixed-dtype ops run in the widest input dtype.
+//  - banned: binary_cross_entropy raises, as under CUDA autocast.
 // Every other op falls through to the next dispatch key unchanged.
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
@@ -19,6 +20,26 @@ using at::IntArrayRef;
 using at::Scalar;
 using at::ScalarType;
 using at::Tensor;
+
+// As CUDA's autocast: binary_cross_entropy is not safe in reduced precision
+// and is refused with PyTorch's explanation (the CUDA function is internal
+// to ATen, so it is written out here).
+Tensor binary_cross_entropy_banned(const Tensor& /*self*/,
+                                   const Tensor& /*target*/,
+                                   const std::optional<Tensor>& /*weight*/,
+                                   int64_t /*reduction*/) {
+  TORCH_CHECK(
+      false,
+      "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are "
+      "unsafe to autocast.\n"
+      "Many models use a sigmoid layer right before the binary cross entropy "
+      "layer.\n"
+      "In this case, combine the two layers using "
+      "torch.nn.functional.binary_cross_entropy_with_logits\n"
+      "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and "
+      "BCEWithLogits are\n"
+      "safe to autocast.");
+}
 
 // [doc:autocast-register]
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
@@ -46,6 +67,8 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 #define OPENREG_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
   AT_FORALL_PROMOTE(OPENREG_PROMOTE)
 #undef OPENREG_PROMOTE
+
+  m.impl("binary_cross_entropy", TORCH_FN(binary_cross_entropy_banned));
 }
 // [/doc:autocast-register]
 
