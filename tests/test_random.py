@@ -326,3 +326,81 @@ def test_openreg_seed_alone_governs_dropout():
     assert torch.equal(a.cpu(), b.cpu())
     assert set(a.cpu().unique().tolist()) == {0.0, 2.0}
     assert 1500 < int((a.cpu() == 0).sum()) < 2600
+
+
+# ---------------------------------------------------------------------------
+# Random kernels are queued: the host reserves each launch's draw
+
+
+RANDOM_PROGRAM = """
+import sys, torch
+torch.openreg.manual_seed(7)
+x = torch.ones(64, 64, device="openreg")
+g = torch.Generator("openreg").manual_seed(3)
+out = [
+    torch.nn.functional.dropout(x, 0.3),
+    torch.randn(5, 7, device="openreg"),
+    torch.empty(100, device="openreg").uniform_(-1, 2),
+    torch.empty(100, device="openreg").normal_(generator=g),
+    torch.bernoulli(torch.full((50,), 0.4, device="openreg")),
+    torch.randperm(20, device="openreg"),
+    torch.multinomial(torch.ones(10, device="openreg"), 5),
+    torch.randint(0, 9, (30,), device="openreg", generator=g),
+]
+side = torch.openreg.Stream()
+side.wait_stream(torch.openreg.current_stream())
+with torch.openreg.stream(side):
+    out.append(torch.rand(40, device="openreg"))
+torch.openreg.current_stream().wait_stream(side)
+out.append(torch.tensor([torch.openreg.default_generators[0].get_offset()]))
+torch.save([t.cpu() for t in out], sys.argv[1] if len(sys.argv) > 1 else "out.pt")
+"""
+
+
+def test_random_numbers_are_the_same_queued_and_blocking(py, tmp_path):
+    results = []
+    for blocking in ("0", "1"):
+        out = py(RANDOM_PROGRAM.replace('"out.pt"', f'"out{blocking}.pt"'),
+                 OPENREG_LAUNCH_BLOCKING=blocking)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        results.append(torch.load(tmp_path / f"out{blocking}.pt"))
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+    # And the same again in a new process (a pure function of seed and order).
+    out = py(RANDOM_PROGRAM.replace('"out.pt"', '"again.pt"'))
+    assert out.returncode == 0, out.stderr
+    for a, b in zip(results[0], torch.load(tmp_path / "again.pt"), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(
+    __import__("os").environ.get("OPENREG_LAUNCH_BLOCKING") == "1",
+    reason="launches wait in blocking mode",
+)
+def test_dropout_is_queued():
+    x = torch.ones(2048, 2048, device="openreg")
+    torch.nn.functional.dropout(x, 0.1)  # first call of the signature: checked
+    torch.openreg.synchronize()
+    masks = [torch.nn.functional.dropout(x, 0.1) for _ in range(8)]
+    assert not torch.openreg.current_stream().query(), "the host waited for dropout"
+    kept = [(m != 0).float().mean().item() for m in masks]
+    assert all(0.88 < k < 0.92 for k in kept)
+    assert len({m.sum().item() for m in masks}) == 8  # eight different masks
+
+
+def test_offset_counts_launches_and_can_be_set():
+    g = torch.Generator("openreg").manual_seed(11)
+    assert g.get_offset() == 0
+    a = torch.empty(10, device="openreg").uniform_(generator=g)
+    assert g.get_offset() == 1
+    torch.empty(10, device="openreg").uniform_(generator=g)
+    assert g.get_offset() == 2
+    g.set_offset(0)
+    assert torch.equal(torch.empty(10, device="openreg").uniform_(generator=g).cpu(), a.cpu())
+    state = g.get_state()
+    assert state.numel() == 16  # seed and offset, as CUDA's Philox state
+    b = torch.empty(10, device="openreg").uniform_(generator=g)
+    g.set_state(state)
+    assert torch.equal(torch.empty(10, device="openreg").uniform_(generator=g).cpu(), b.cpu())
+    with pytest.raises(RuntimeError, match="16 bytes"):
+        g.set_state(torch.zeros(5056, dtype=torch.uint8))

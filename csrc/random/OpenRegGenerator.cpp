@@ -1,69 +1,125 @@
 #include "random/OpenRegGenerator.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/TensorImpl.h>
 
 #include <array>
+#include <cstring>
 #include <memory>
-#include <mutex>
 
 #include "core/OpenRegFunctions.h"
 
 namespace openreg {
+
+namespace {
+
+constexpr size_t kStateBytes = 2 * sizeof(uint64_t);
+
+// A 64-bit mix (splitmix64's finalizer): nearby (seed, offset) pairs give
+// unrelated generator seeds.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
 
 // [doc:generator-impl]
 OpenRegGeneratorImpl::OpenRegGeneratorImpl(c10::DeviceIndex device,
                                            uint64_t seed)
     : c10::GeneratorImpl(c10::Device(c10::DeviceType::PrivateUse1, device),
                          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
-      cpu_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+      seed_(seed) {}
 
-// Each accessor locks the inner generator: kernels lock that one while they
-// draw numbers, so state changes never interleave with a kernel.
+std::pair<uint64_t, uint64_t> OpenRegGeneratorImpl::reserve(uint64_t count) {
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  const uint64_t first = offset_;
+  offset_ += count;
+  return {seed_, first};
+}
+
 void OpenRegGeneratorImpl::set_current_seed(uint64_t seed) {
-  std::lock_guard<std::mutex> lock(cpu_.mutex());
-  cpu_.set_current_seed(seed);
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  seed_ = seed;
+  offset_ = 0;
 }
 // [/doc:generator-impl]
 
 uint64_t OpenRegGeneratorImpl::current_seed() const {
-  std::lock_guard<std::mutex> lock(cpu_.mutex());
-  return cpu_.current_seed();
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  return seed_;
 }
 
 uint64_t OpenRegGeneratorImpl::seed() {
-  std::lock_guard<std::mutex> lock(cpu_.mutex());
-  return cpu_.seed();
+  const uint64_t random = c10::detail::getNonDeterministicRandom();
+  set_current_seed(random);
+  return random;
 }
 
 // [doc:generator-offset]
-void OpenRegGeneratorImpl::set_offset(uint64_t /*offset*/) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false,
-                              "openreg generators are Mersenne-Twister based "
-                              "and have no Philox offset; use set_state");
+void OpenRegGeneratorImpl::set_offset(uint64_t offset) {
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  offset_ = offset;
+}
+
+uint64_t OpenRegGeneratorImpl::get_offset() const {
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  return offset_;
 }
 // [/doc:generator-offset]
 
-uint64_t OpenRegGeneratorImpl::get_offset() const {
-  TORCH_CHECK_NOT_IMPLEMENTED(false,
-                              "openreg generators are Mersenne-Twister based "
-                              "and have no Philox offset; use get_state");
-}
-
 void OpenRegGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
-  std::lock_guard<std::mutex> lock(cpu_.mutex());
-  cpu_.set_state(at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(
-      const_cast<c10::TensorImpl*>(&new_state))));
+  TORCH_CHECK(new_state.dtype() == caffe2::TypeMeta::Make<uint8_t>() &&
+                  new_state.device().is_cpu(),
+              "RNG state must be a torch.ByteTensor on the CPU");
+  TORCH_CHECK(static_cast<size_t>(new_state.numel()) == kStateBytes,
+              "Expected an openreg RNG state of ", kStateBytes,
+              " bytes (seed and offset), got ", new_state.numel(),
+              " bytes (a state saved by another device or an older openreg?)");
+  std::array<uint64_t, 2> words{};
+  std::memcpy(words.data(), new_state.data(), kStateBytes);
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  seed_ = words[0];
+  offset_ = words[1];
 }
 
 c10::intrusive_ptr<c10::TensorImpl> OpenRegGeneratorImpl::get_state() const {
-  std::lock_guard<std::mutex> lock(cpu_.mutex());
-  return cpu_.get_state().getIntrusivePtr();
+  at::Tensor state = at::empty({static_cast<int64_t>(kStateBytes)},
+                               at::TensorOptions().dtype(at::kByte));
+  std::array<uint64_t, 2> words{};
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    words = {seed_, offset_};
+  }
+  std::memcpy(state.data_ptr(), words.data(), kStateBytes);
+  return state.getIntrusivePtr();
+}
+
+void OpenRegGeneratorImpl::graphsafe_set_state(
+    const c10::intrusive_ptr<c10::GeneratorImpl>& state) {
+  auto* other = dynamic_cast<OpenRegGeneratorImpl*>(state.get());
+  TORCH_CHECK(other != nullptr,
+              "graphsafe_set_state expects the state of an openreg generator");
+  const auto [seed, offset] = other->reserve(0);
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  seed_ = seed;
+  offset_ = offset;
+}
+
+c10::intrusive_ptr<c10::GeneratorImpl>
+OpenRegGeneratorImpl::graphsafe_get_state() const {
+  return c10::intrusive_ptr<c10::GeneratorImpl>::reclaim(clone_impl());
 }
 
 OpenRegGeneratorImpl* OpenRegGeneratorImpl::clone_impl() const {
   auto* copy = new OpenRegGeneratorImpl(device().index(), 0);
-  std::lock_guard<std::mutex> lock(cpu_.mutex());
-  copy->cpu_ = cpu_.clone();
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  copy->seed_ = seed_;
+  copy->offset_ = offset_;
   return copy;
 }
 
@@ -82,6 +138,7 @@ const at::Generator& default_generator(c10::DeviceIndex device) {
   });
   return generators[i];
 }
+// [/doc:generator-default]
 
 at::Generator new_generator(c10::DeviceIndex device) {
   if (device < 0) {
@@ -92,16 +149,42 @@ at::Generator new_generator(c10::DeviceIndex device) {
                                                   at::default_rng_seed_val);
 }
 
-at::Generator kernel_generator(const std::optional<at::Generator>& gen,
-                               c10::DeviceIndex device) {
+// [doc:generator-draw]
+RandomDraw reserve_draw(const std::optional<at::Generator>& gen,
+                        c10::DeviceIndex device) {
   const at::Generator& g =
       gen.has_value() && gen->defined() ? *gen : default_generator(device);
   TORCH_CHECK(g.device().type() == c10::DeviceType::PrivateUse1,
               "Expected an openreg generator for an operation on openreg, got "
               "a generator of ",
               g.device());
-  return g.get<OpenRegGeneratorImpl>()->cpu_generator();
+  // One position per launch: each launch gets a generator of its own.
+  const auto [seed, offset] = g.get<OpenRegGeneratorImpl>()->reserve(1);
+  return {seed, offset};
 }
-// [/doc:generator-default]
+
+at::Generator kernel_generator(const RandomDraw& draw) {
+  // The Mersenne Twister's whole state comes from a splitmix64 stream keyed
+  // by (seed, offset): 2^64 distinct streams (seeding it with an integer
+  // would use only 32 bits of the key).
+  const uint64_t key = mix(draw.seed ^ mix(draw.offset));
+  at::mt19937_data_pod pod{};
+  pod.seed_ = key;
+  pod.left_ = 1;
+  pod.seeded_ = true;
+  pod.next_ = 0;
+  uint64_t x = key;
+  for (uint32_t& word : pod.state_) {
+    x = mix(x);
+    word = static_cast<uint32_t>(x >> 32);
+  }
+  pod.state_[0] |= 0x80000000u;  // never the all-zero state
+  at::mt19937 engine;
+  engine.set_data(pod);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(key);
+  gen.get<at::CPUGeneratorImpl>()->set_engine(engine);
+  return gen;
+}
+// [/doc:generator-draw]
 
 }  // namespace openreg

@@ -178,10 +178,27 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
     }
   }
   std::vector<c10::IValue> captured = capture_arguments(*stack, traits);
+  // Random ops reserve their draw now, in program order; the kernel makes
+  // its generator from it when it runs.
+  std::vector<std::pair<size_t, RandomDraw>> draws;
+  for (size_t i = 0; i < num_args; ++i) {
+    if (traits.generator[i]) {
+      std::optional<at::Generator> gen;
+      if (captured[i].isGenerator()) {
+        gen = captured[i].toGenerator();
+      }
+      draws.emplace_back(i, reserve_draw(gen, device.index()));
+      captured[i] = c10::IValue();
+    }
+  }
   launch_async(
       device.index(), traits.display_name,
       [op, &traits, plan, captured = std::move(captured),
-       new_outputs = std::move(new_outputs)]() {
+       draws = std::move(draws),
+       new_outputs = std::move(new_outputs)]() mutable {
+        for (const auto& [i, draw] : draws) {
+          captured[i] = kernel_generator(draw);
+        }
         DropRaisedWarnings drop(plan->warnings);
         const c10::WarningUtils::WarningHandlerGuard guard(&drop);
         KernelViews views;
@@ -265,7 +282,7 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
       if (v.isGenerator()) {
         gen = v.toGenerator();
       }
-      v = kernel_generator(gen, device.index());
+      v = kernel_generator(reserve_draw(gen, device.index()));
       continue;
     }
     if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {

@@ -35,6 +35,7 @@ enum Tag : int64_t {
   kDouble,
   kBool,
   kString,
+  kGenerator,
   kOther,
 };
 
@@ -167,6 +168,8 @@ class SignatureBuilder {
       for (const c10::IValue& e : v.toListRef()) {
         value(e, ArgKey::kScalar);
       }
+    } else if (v.isGenerator()) {
+      key_.push_back(kGenerator);  // which one does not change metadata
     } else if (v.isString()) {
       key_.push_back(kString);
       append_string(key_, v.toStringRef());
@@ -414,7 +417,7 @@ LaunchDecision plan_launch(const c10::OperatorHandle& op,
                            const OpTraits& traits,
                            const torch::jit::Stack& stack) {
   LaunchDecision d;
-  if (launch_blocking() || traits.has_generator_or_device_arg) {
+  if (launch_blocking() || traits.has_device_arg) {
     return d;  // synchronous
   }
   const size_t num_args = traits.writes.size();

@@ -103,10 +103,9 @@ std::unique_ptr<OpTraits> compute_traits(const c10::OperatorHandle& op) {
   const auto& args = schema.arguments();
   for (const c10::Argument& a : args) {
     const c10::TypePtr& type = a.type();
-    const bool generator = is_type(type, c10::TypeKind::GeneratorType);
-    t->generator.push_back(generator);
-    if (generator || is_type(type, c10::TypeKind::DeviceObjType)) {
-      t->has_generator_or_device_arg = true;
+    t->generator.push_back(is_type(type, c10::TypeKind::GeneratorType));
+    if (is_type(type, c10::TypeKind::DeviceObjType)) {
+      t->has_device_arg = true;
     }
     ArgKey key = ArgKey::kValue;
     if ((t->policy & kScalarValuesMatter) == 0) {

@@ -49,9 +49,9 @@ struct OpTraits {
   std::string display_name;  // "aten::add.out"
   uint8_t policy = 0;
   bool has_cpu_kernel = false;
-  // Any Generator or Device argument: the op runs synchronously (random
-  // draws happen in program order; a device argument names where results go).
-  bool has_generator_or_device_arg = false;
+  // A Device argument: the op runs synchronously (it names where results
+  // go). Generator arguments do not: a queued launch reserves its draw.
+  bool has_device_arg = false;
   std::vector<ArgKey> arg_keys;  // one per argument
   std::vector<bool> writes;      // one per argument: written (alias a!)
   std::vector<bool> generator;   // one per argument: a Generator(?)
