@@ -123,7 +123,6 @@ OpenRegGeneratorImpl* OpenRegGeneratorImpl::clone_impl() const {
   return copy;
 }
 
-// [doc:generator-default]
 const at::Generator& default_generator(c10::DeviceIndex device) {
   static std::array<std::once_flag, kMaxDevices> once;
   static std::array<at::Generator, kMaxDevices> generators;
@@ -138,7 +137,6 @@ const at::Generator& default_generator(c10::DeviceIndex device) {
   });
   return generators[i];
 }
-// [/doc:generator-default]
 
 at::Generator new_generator(c10::DeviceIndex device) {
   if (device < 0) {
