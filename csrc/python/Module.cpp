@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "aten/fallback/OpenRegFallbackLog.h"
-#include "aten/fallback/OpenRegLaunchPlan.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegStream.h"
@@ -86,43 +85,6 @@ void set_trace_callback(py::object callback) {
   }
   *g_trace_callback = std::move(callback);
   set_sync_trace(&call_trace);
-}
-
-// Silences Python warnings while the returned object lives (the fallback's
-// meta runs: Python meta kernels warn through the `warnings` module, and the
-// CPU kernel raises the same warnings for real). Python's warning filters are
-// process-wide, so another thread's warnings in that short window are
-// silenced too.
-std::shared_ptr<void> silence_python_warnings() {
-#if PY_VERSION_HEX >= 0x030D0000
-  const bool finalizing = Py_IsFinalizing();
-#else
-  const bool finalizing = _Py_IsFinalizing();
-#endif
-  if (!Py_IsInitialized() || finalizing) {
-    return nullptr;
-  }
-  py::gil_scoped_acquire gil;
-  try {
-    py::module_ warnings = py::module_::import("warnings");
-    auto context =
-        std::make_unique<py::object>(warnings.attr("catch_warnings")());
-    context->attr("__enter__")();
-    warnings.attr("simplefilter")("ignore");
-    return std::shared_ptr<void>(context.release(), [](void* p) {
-      py::gil_scoped_acquire gil;
-      auto* c = static_cast<py::object*>(p);
-      try {
-        c->attr("__exit__")(py::none(), py::none(), py::none());
-      } catch (py::error_already_set& e) {
-        e.discard_as_unraisable("openreg: restoring Python warning filters");
-      }
-      delete c;
-    });
-  } catch (py::error_already_set& e) {
-    e.discard_as_unraisable("openreg: silencing Python warnings");
-    return nullptr;
-  }
 }
 
 py::list snapshot_to_python() {
@@ -228,7 +190,6 @@ at::Tensor from_blob(uintptr_t address, std::vector<int64_t> sizes,
 PYBIND11_MODULE(_C, m) {
   using namespace openreg;
   m.doc() = "openreg: a simulated PyTorch accelerator (C++ part)";
-  set_python_warning_silencer(&silence_python_warnings);
 
   py::class_<DeviceProperties>(m, "_OpenRegDeviceProperties")
       .def_readonly("name", &DeviceProperties::name)

@@ -268,6 +268,7 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
   std::vector<c10::IValue> originals(stack->begin() + first, stack->end());
   KernelViews views;
   struct Mutated {
+    int arg;
     at::Tensor dev;
     at::Tensor view;
     void* base;
@@ -298,17 +299,18 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
       }
       at::Tensor view = views.view(t, may_resize);
       if (may_resize) {
-        mutated.push_back({t, view, view.storage().mutable_data(),
-                           view.is_conj(), view.is_neg()});
+        mutated.push_back({static_cast<int>(i), t, view,
+                           view.storage().mutable_data(), view.is_conj(),
+                           view.is_neg()});
       }
       return view;
     });
   }
 
-  const bool verify = decision.kind == LaunchDecision::kSyncThenVerify;
+  const bool learn = decision.kind == LaunchDecision::kLearn;
   std::optional<ForwardingRecorder> recorder;
   std::optional<c10::WarningUtils::WarningHandlerGuard> recording;
-  if (verify) {
+  if (learn) {
     recorder.emplace();
     recording.emplace(&*recorder);
   }
@@ -318,10 +320,14 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
   });
   recording.reset();
 
-  bool bits_changed = false;
+  SyncRun run;
   for (const Mutated& m : mutated) {
-    bits_changed =
-        bits_changed || m.view.is_conj() != m.conj || m.view.is_neg() != m.neg;
+    run.bits_changed = run.bits_changed || m.view.is_conj() != m.conj ||
+                       m.view.is_neg() != m.neg;
+    if (m.view.sizes() != m.dev.sizes() ||
+        m.view.strides() != m.dev.strides()) {
+      run.resized.push_back(m.arg);
+    }
     sync_mutated(m.dev, m.view, m.base);
   }
 
@@ -336,6 +342,7 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
                                 "but the CPU kernel of ", traits.display_name,
                                 " returned a ", t.layout(), " tensor");
     if (const c10::Storage* storage = views.device_storage_of(t)) {
+      run.returned_view = true;
       return device_alias(*storage, t);  // a view of an input
     }
     return copy_to_device(t, device);
@@ -349,10 +356,10 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
       v = map_tensors(v, convert);
     }
   }
-  if (verify) {
-    verify_launch(std::move(decision), traits, originals,
-                  c10::ArrayRef<c10::IValue>(*stack).slice(ret_first),
-                  recorder->warnings, bits_changed);
+  if (learn) {
+    run.warnings = std::move(recorder->warnings);
+    learn_launch(std::move(decision), traits, originals,
+                 c10::ArrayRef<c10::IValue>(*stack).slice(ret_first), run);
   }
 }
 
@@ -368,7 +375,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       find_device(traits, torch::jit::last(*stack, num_args));
   const c10::DeviceGuard guard(device);
   note_fallback(op, traits.display_name);
-  LaunchDecision decision = plan_launch(op, traits, *stack);
+  LaunchDecision decision = plan_launch(traits, *stack);
   if (decision.kind == LaunchDecision::kQueue) {
     run_queued(op, traits, decision.plan, stack, device);
     return;

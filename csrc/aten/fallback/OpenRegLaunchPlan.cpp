@@ -1,15 +1,12 @@
 #include "aten/fallback/OpenRegLaunchPlan.h"
 
-#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/enum_tag.h>
+#include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 
-#include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <mutex>
-#include <shared_mutex>
 #include <sstream>
 #include <string>
-#include <unordered_map>
 
 #include "aten/OpenRegLaunch.h"
 #include "aten/fallback/OpenRegIValue.h"
@@ -183,9 +180,9 @@ class SignatureBuilder {
 
  private:
   std::vector<int64_t>& key_;
-  std::vector<const c10::TensorImpl*> impls_;
-  std::vector<const c10::StorageImpl*> storages_;
-  std::vector<int64_t> first_offsets_;
+  c10::SmallVector<const c10::TensorImpl*, 8> impls_;
+  c10::SmallVector<const c10::StorageImpl*, 8> storages_;
+  c10::SmallVector<int64_t, 8> first_offsets_;
 };
 
 uint64_t hash_key(const std::vector<int64_t>& key) {
@@ -196,32 +193,31 @@ uint64_t hash_key(const std::vector<int64_t>& key) {
   return h;
 }
 
-// The cache of verdicts: a plan (queueable) or nullptr (synchronous).
+// The plans this thread has learnt: a plan (queueable) or nullptr
+// (synchronous), by signature.
 class PlanCache {
  public:
-  bool find(const std::vector<int64_t>& key, uint64_t hash,
-            std::shared_ptr<const LaunchPlan>* plan) {
-    std::shared_lock<std::shared_mutex> lock(mutex_);
+  // nullptr if the signature is unknown; else the entry's plan slot.
+  const std::shared_ptr<const LaunchPlan>* find(const std::vector<int64_t>& key,
+                                                uint64_t hash) const {
     auto it = map_.find(hash);
     if (it == map_.end()) {
-      return false;
+      return nullptr;
     }
     for (const auto& [k, p] : it->second) {
       if (k == key) {
-        *plan = p;
-        return true;
+        return &p;
       }
     }
-    return false;
+    return nullptr;
   }
 
   void insert(std::vector<int64_t> key, std::shared_ptr<const LaunchPlan> p) {
-    const uint64_t hash = hash_key(key);
-    std::unique_lock<std::shared_mutex> lock(mutex_);
     if (size_ >= kMaxEntries) {
       map_.clear();  // bounded: the shapes of a long-running program change
       size_ = 0;
     }
+    const uint64_t hash = hash_key(key);
     auto& bucket = map_[hash];
     for (auto& [k, existing] : bucket) {
       if (k == key) {
@@ -235,8 +231,7 @@ class PlanCache {
 
  private:
   static constexpr size_t kMaxEntries = 8192;
-  std::shared_mutex mutex_;  // guards map_ and size_
-  std::unordered_map<uint64_t,
+  ska::flat_hash_map<uint64_t,
                      std::vector<std::pair<std::vector<int64_t>,
                                            std::shared_ptr<const LaunchPlan>>>>
       map_;
@@ -244,25 +239,9 @@ class PlanCache {
 };
 
 PlanCache& plan_cache() {
-  static auto* cache = new PlanCache();  // leaked: used until exit
-  return *cache;
+  thread_local PlanCache cache;
+  return cache;
 }
-
-// ---------------------------------------------------------------------------
-// The meta description
-// ---------------------------------------------------------------------------
-
-std::atomic<PythonWarningSilencer> g_python_silencer{nullptr};
-
-// Collects the warnings raised on this thread while it lives, without
-// passing them on.
-class WarningRecorder : public c10::WarningHandler {
- public:
-  void process(const c10::Warning& warning) override {
-    warnings.push_back(warning);
-  }
-  std::vector<c10::Warning> warnings;
-};
 
 TensorSpec spec_of(const at::Tensor& t) {
   return {t.scalar_type(),
@@ -270,154 +249,13 @@ TensorSpec spec_of(const at::Tensor& t) {
           {t.strides().begin(), t.strides().end()}};
 }
 
-bool same_shape(const at::Tensor& t, const TensorSpec& s) {
-  return t.scalar_type() == s.dtype && t.sizes() == c10::IntArrayRef(s.sizes);
-}
-
-// Runs the op on meta tensors (one meta tensor per device tensor, one meta
-// storage per device storage, so aliasing shows as on the device) and
-// describes its results, or returns nullptr if it cannot be queued.
-std::shared_ptr<LaunchPlan> describe_with_meta(const c10::OperatorHandle& op,
-                                               const OpTraits& traits,
-                                               const torch::jit::Stack& stack) {
-  const size_t num_args = traits.writes.size();
-  const size_t first = stack.size() - num_args;
-  std::vector<std::pair<c10::StorageImpl*, c10::Storage>> storages;
-  std::vector<std::pair<c10::TensorImpl*, at::Tensor>> tensors;
-  auto meta_of = [&](const at::Tensor& t) -> at::Tensor {
-    if (!is_openreg(t)) {
-      return t;
-    }
-    for (const auto& [impl, m] : tensors) {
-      if (impl == t.unsafeGetTensorImpl()) {
-        return m;
-      }
-    }
-    c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
-    const c10::Storage* meta_storage = nullptr;
-    for (const auto& [k, st] : storages) {
-      if (k == key) {
-        meta_storage = &st;
-      }
-    }
-    if (meta_storage == nullptr) {
-      storages.emplace_back(
-          key,
-          c10::Storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
-                       c10::GetAllocator(c10::DeviceType::Meta),
-                       /*resizable=*/true));
-      meta_storage = &storages.back().second;
-    }
-    at::Tensor m = at::detail::make_tensor<c10::TensorImpl>(
-        c10::Storage(*meta_storage),
-        c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
-    m.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(),
-                                                   t.storage_offset());
-    m._set_conj(t.is_conj());
-    m._set_neg(t.is_neg());
-    tensors.emplace_back(t.unsafeGetTensorImpl(), m);
-    return m;
-  };
-  torch::jit::Stack meta_stack;
-  std::vector<std::pair<int, at::Tensor>> written;
-  for (size_t i = 0; i < num_args; ++i) {
-    const c10::IValue& v = stack[first + i];
-    meta_stack.push_back(map_tensors(v, meta_of));
-    if (traits.writes[i] && v.isTensor()) {
-      written.emplace_back(static_cast<int>(i), meta_stack.back().toTensor());
-    }
-  }
-  auto plan = std::make_shared<LaunchPlan>();
-  {
-    // The meta kernel's warnings are dropped: the CPU kernel raises them.
-    WarningRecorder recorder;
-    const c10::WarningUtils::WarningHandlerGuard guard(&recorder);
-    PythonWarningSilencer silencer = g_python_silencer.load();
-    const std::shared_ptr<void> quiet =
-        silencer != nullptr ? silencer() : nullptr;
-    try {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta),
-                         &meta_stack);
-    } catch (const std::exception&) {
-      return nullptr;  // no meta kernel, data-dependent, or an error
-    }
-  }
-  for (const auto& [i, m] : written) {
-    const at::Tensor& dev = stack[first + static_cast<size_t>(i)].toTensor();
-    if (m.storage_offset() != dev.storage_offset() ||
-        m.is_conj() != dev.is_conj() || m.is_neg() != dev.is_neg()) {
-      return nullptr;
-    }
-    const bool resized =
-        m.sizes() != dev.sizes() || m.strides() != dev.strides();
-    if (resized) {
-      // Resizing at the call would change what the kernel reads if the
-      // written tensor's memory is also an input (amax(a, 0, out=a)).
-      for (size_t j = 0; j < num_args; ++j) {
-        bool shared = false;
-        for_each_tensor(stack[first + j], [&](const at::Tensor& t) {
-          shared = shared || (j != static_cast<size_t>(i) && t.defined() &&
-                              t.storage().is_alias_of(dev.storage()));
-        });
-        if (shared) {
-          return nullptr;
-        }
-      }
-    }
-    plan->written.emplace_back(i, spec_of(m));
-  }
-  auto aliases_input = [&](const at::Tensor& m) {
-    for (const auto& [k, st] : storages) {
-      if (st.unsafeGetStorageImpl() == m.storage().unsafeGetStorageImpl()) {
-        return true;
-      }
-    }
-    return false;
-  };
-  for (size_t r = 0; r < traits.return_arg.size(); ++r) {
-    LaunchPlan::Output out;
-    out.arg = traits.return_arg[r];
-    const c10::IValue& mv = meta_stack[r];
-    if (out.arg >= 0) {
-      // An argument it writes: returned as is.
-    } else if (mv.isTensor()) {
-      const at::Tensor& m = mv.toTensor();
-      if (m.defined()) {
-        if (m.is_conj() || m.is_neg() || aliases_input(m) ||
-            m.layout() != c10::kStrided) {
-          return nullptr;
-        }
-        out.tensors.push_back(spec_of(m));
-      }
-    } else if (mv.isTensorList()) {
-      out.is_list = true;
-      for (const at::Tensor& m : mv.toTensorList()) {
-        if (!m.defined() || aliases_input(m) || m.is_conj() || m.is_neg()) {
-          return nullptr;
-        }
-        out.tensors.push_back(spec_of(m));
-      }
-    } else {
-      return nullptr;  // a number, a bool, None: the host needs the value
-    }
-    plan->outputs.push_back(std::move(out));
-  }
-  return plan;
-}
-
 }  // namespace
 
-void set_python_warning_silencer(PythonWarningSilencer fn) {
-  g_python_silencer.store(fn);
-}
-
 // [doc:launch-plan]
-LaunchDecision plan_launch(const c10::OperatorHandle& op,
-                           const OpTraits& traits,
+LaunchDecision plan_launch(const OpTraits& traits,
                            const torch::jit::Stack& stack) {
   LaunchDecision d;
-  if (launch_blocking() || traits.has_device_arg) {
+  if (launch_blocking() || traits.has_device_arg || traits.data_dependent) {
     return d;  // synchronous
   }
   const size_t num_args = traits.writes.size();
@@ -435,77 +273,86 @@ LaunchDecision plan_launch(const c10::OperatorHandle& op,
       }
     }
   }
-  d.key.reserve(64);
-  d.key.push_back(reinterpret_cast<int64_t>(&traits));
-  SignatureBuilder builder(d.key);
+  // The signature, built in a buffer this thread reuses.
+  thread_local std::vector<int64_t> key;
+  key.clear();
+  key.push_back(reinterpret_cast<int64_t>(&traits));
+  SignatureBuilder builder(key);
   for (size_t i = 0; i < num_args; ++i) {
     builder.value(stack[first + i], traits.arg_keys[i]);
   }
-  std::shared_ptr<const LaunchPlan> plan;
-  if (plan_cache().find(d.key, hash_key(d.key), &plan)) {
-    if (plan != nullptr) {
-      d.kind = LaunchDecision::kQueue;
-      d.plan = std::move(plan);
-    }
-    return d;
+  const std::shared_ptr<const LaunchPlan>* known =
+      plan_cache().find(key, hash_key(key));
+  if (known == nullptr) {
+    d.kind = LaunchDecision::kLearn;  // first call: run it and learn
+    d.key = key;
+  } else if (*known != nullptr) {
+    d.kind = LaunchDecision::kQueue;
+    d.plan = *known;
   }
-  // First call of this signature: describe it with the meta kernel, run it
-  // synchronously, and compare.
-  d.candidate = describe_with_meta(op, traits, stack);
-  if (d.candidate == nullptr) {
-    plan_cache().insert(std::move(d.key), nullptr);
-    return d;
-  }
-  d.kind = LaunchDecision::kSyncThenVerify;
   return d;
 }
 // [/doc:launch-plan]
 
-void verify_launch(LaunchDecision decision, const OpTraits& traits,
-                   c10::ArrayRef<c10::IValue> args,
-                   c10::ArrayRef<c10::IValue> results,
-                   const std::vector<c10::Warning>& warnings,
-                   bool bits_changed) {
-  TORCH_INTERNAL_ASSERT(decision.kind == LaunchDecision::kSyncThenVerify);
-  std::shared_ptr<LaunchPlan> plan = std::move(decision.candidate);
-  plan->warnings = warnings;
-  bool agrees = !bits_changed;
-  for (const auto& [i, spec] : plan->written) {
-    const at::Tensor& t = args[static_cast<size_t>(i)].toTensor();
-    agrees = agrees && t.sizes() == c10::IntArrayRef(spec.sizes) &&
-             t.strides() == c10::IntArrayRef(spec.strides);
+void learn_launch(LaunchDecision decision, const OpTraits& traits,
+                  c10::ArrayRef<c10::IValue> args,
+                  c10::ArrayRef<c10::IValue> results, const SyncRun& run) {
+  TORCH_INTERNAL_ASSERT(decision.kind == LaunchDecision::kLearn);
+  auto plan = std::make_shared<LaunchPlan>();
+  bool queueable = !run.bits_changed && !run.returned_view;
+  // Storages of the tensor arguments: resizing an out= argument at the call
+  // would change what the kernel reads if its memory is also an input
+  // (amax(a, 0, out=a)).
+  c10::SmallVector<const c10::StorageImpl*, 8> storages;
+  for (const c10::IValue& v : args) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (t.defined() && t.has_storage()) {
+        storages.push_back(t.storage().unsafeGetStorageImpl());
+      }
+    });
   }
-  for (size_t r = 0; agrees && r < plan->outputs.size(); ++r) {
-    LaunchPlan::Output& out = plan->outputs[r];
-    if (out.arg >= 0) {
+  for (size_t i = 0; queueable && i < args.size(); ++i) {
+    if (!traits.writes[i] || !args[i].isTensor()) {
       continue;
     }
-    const c10::IValue& v = results[r];
-    if (out.is_list) {
-      agrees =
-          v.isTensorList() && v.toTensorList().size() == out.tensors.size();
-      for (size_t k = 0; agrees && k < out.tensors.size(); ++k) {
-        const at::Tensor t = v.toTensorList()[k];
-        agrees = t.defined() && same_shape(t, out.tensors[k]);
-        if (agrees) {
-          out.tensors[k].strides.assign(t.strides().begin(), t.strides().end());
-        }
-      }
-    } else if (out.tensors.empty()) {
-      agrees = v.isNone() || (v.isTensor() && !v.toTensor().defined());
-    } else {
-      agrees = v.isTensor() && v.toTensor().defined() &&
-               same_shape(v.toTensor(), out.tensors[0]);
-      if (agrees) {
-        // The CPU kernel's layout, which the meta kernel may not know.
-        const at::Tensor& t = v.toTensor();
-        out.tensors[0].strides.assign(t.strides().begin(), t.strides().end());
-      }
+    const at::Tensor& t = args[i].toTensor();
+    plan->written.emplace_back(static_cast<int>(i), spec_of(t));
+    const bool resized = std::find(run.resized.begin(), run.resized.end(),
+                                   static_cast<int>(i)) != run.resized.end();
+    if (resized && std::count(storages.begin(), storages.end(),
+                              t.storage().unsafeGetStorageImpl()) > 1) {
+      queueable = false;
     }
   }
+  for (size_t r = 0; queueable && r < traits.return_arg.size(); ++r) {
+    LaunchPlan::Output out;
+    out.arg = traits.return_arg[r];
+    const c10::IValue& v = results[r];
+    if (out.arg >= 0) {
+      // An argument it writes: returned as is.
+    } else if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (t.defined()) {
+        queueable = t.layout() == c10::kStrided && !t.is_conj() && !t.is_neg();
+        out.tensors.push_back(spec_of(t));
+      }
+    } else if (v.isTensorList()) {
+      out.is_list = true;
+      for (const at::Tensor& t : v.toTensorList()) {
+        queueable = queueable && t.defined() && !t.is_conj() && !t.is_neg();
+        if (t.defined()) {
+          out.tensors.push_back(spec_of(t));
+        }
+      }
+    } else {
+      queueable = false;  // a number, a bool, None: the host needs the value
+    }
+    plan->outputs.push_back(std::move(out));
+  }
+  plan->warnings = run.warnings;
   plan_cache().insert(
       std::move(decision.key),
-      agrees ? std::shared_ptr<const LaunchPlan>(std::move(plan)) : nullptr);
+      queueable ? std::shared_ptr<const LaunchPlan>(plan) : nullptr);
 }
 
 }  // namespace openreg

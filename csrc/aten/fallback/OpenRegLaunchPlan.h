@@ -5,20 +5,25 @@
 // dtype support), the results' metadata, the out= arguments' final shapes
 // and the warnings it raises. All of that depends only on the call's
 // signature (the operator and, per argument, its dtype, sizes, strides,
-// aliasing, or value), so it is established once per signature and cached:
+// aliasing, or value), except for operators whose results' shapes depend on
+// the data, which PyTorch tags (dynamic_output_shape, data_dependent_output)
+// and which always run synchronously. So it is learnt once per signature:
 //
-//  - the first call of a signature runs synchronously, after the op's meta
-//    kernel has described its results; the CPU kernel raises its own errors
-//    and warnings at the call, exactly as on the CPU;
-//  - if the CPU run agrees with the meta description (results, final shapes
-//    of written arguments, warnings), the signature is cached as queueable:
-//    later calls replay the warnings, resize out= arguments and allocate
-//    results on the host, and queue the CPU kernel;
-//  - otherwise (no meta kernel, data-dependent shapes, an error, a result
-//    that aliases an input, a disagreement) it is cached as synchronous.
+//  - the first call of a signature runs synchronously: the CPU kernel raises
+//    its own errors and warnings at the call, exactly as on the CPU, and the
+//    host records what it did (results' metadata, out= arguments' final
+//    metadata, warnings);
+//  - later calls are queued: the host replays the warnings, resizes out=
+//    arguments and allocates results, and only the CPU kernel goes to the
+//    stream;
+//  - a signature whose first run raised, returned a view of an input or a
+//    number, or flipped a conjugate bit stays synchronous.
 //
 // Only value-dependent errors (an index out of range) can then surface on
 // the device; they are raised at the next synchronization, naming the op.
+//
+// Plans are kept per thread (no lock on the hot path): each thread learns a
+// signature once.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -39,11 +44,11 @@ struct TensorSpec {
   std::vector<int64_t> strides;
 };
 
-// What a cached signature does when it is queued.
+// What a learnt signature does when it is queued.
 struct LaunchPlan {
   // Per return: the argument it is (arg >= 0), or the new tensors to
   // allocate (one for a Tensor return, several for a Tensor[] return, none
-  // for a None return).
+  // for an undefined Tensor).
   struct Output {
     int arg = -1;
     bool is_list = false;
@@ -61,36 +66,31 @@ struct LaunchPlan {
 // The decision for one call.
 struct LaunchDecision {
   enum Kind {
-    kQueue,           // `plan` says how
-    kSync,            // run synchronously
-    kSyncThenVerify,  // run synchronously, then verify(`candidate`)
+    kQueue,  // `plan` says how
+    kSync,   // run synchronously
+    kLearn,  // run synchronously, then learn_launch()
   } kind = kSync;
   std::shared_ptr<const LaunchPlan> plan;
-  std::shared_ptr<LaunchPlan> candidate;
-  std::vector<int64_t> key;
+  std::vector<int64_t> key;  // kLearn: the signature
 };
 
-// Python meta kernels warn through Python's `warnings` module, which c10's
-// warning handlers do not see. The Python bindings install a function that
-// silences Python warnings until the returned object is destroyed; the meta
-// run (whose warnings the CPU run raises again) happens inside it.
-using PythonWarningSilencer = std::shared_ptr<void> (*)();
-void set_python_warning_silencer(PythonWarningSilencer fn);
-
-// Decides how the call on top of `stack` runs (cached per signature).
-LaunchDecision plan_launch(const c10::OperatorHandle& op,
-                           const OpTraits& traits,
+// Decides how the call on top of `stack` runs.
+LaunchDecision plan_launch(const OpTraits& traits,
                            const torch::jit::Stack& stack);
 
-// After the synchronous run of a kSyncThenVerify call: `args` are the
-// call's (device) arguments after the run, `results` its results,
-// `warnings` what the CPU kernel raised, `bits_changed` whether it flipped
-// a conjugate/negative bit of a written argument. Caches the signature as
-// queueable if all agree with the candidate, as synchronous otherwise.
-void verify_launch(LaunchDecision decision, const OpTraits& traits,
-                   c10::ArrayRef<c10::IValue> args,
-                   c10::ArrayRef<c10::IValue> results,
-                   const std::vector<c10::Warning>& warnings,
-                   bool bits_changed);
+// What the synchronous run of a kLearn call did.
+struct SyncRun {
+  std::vector<c10::Warning> warnings;  // what the CPU kernel raised
+  bool bits_changed = false;   // a conjugate/negative bit of a written arg
+  bool returned_view = false;  // a result is a view of an input
+  std::vector<int> resized;    // written arguments the kernel resized
+};
+
+// After the synchronous run of a kLearn call: `args` are the call's device
+// arguments after the run, `results` its device results. Learns the plan
+// (or that the signature stays synchronous).
+void learn_launch(LaunchDecision decision, const OpTraits& traits,
+                  c10::ArrayRef<c10::IValue> args,
+                  c10::ArrayRef<c10::IValue> results, const SyncRun& run);
 
 }  // namespace openreg

@@ -97,6 +97,8 @@ std::unique_ptr<OpTraits> compute_traits(const c10::OperatorHandle& op) {
   }
   // A CPU kernel of its own, or a composite one that serves the CPU.
   t->has_cpu_kernel = op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
+  t->data_dependent = op.hasTag(at::Tag::dynamic_output_shape) ||
+                      op.hasTag(at::Tag::data_dependent_output);
   const bool doubles_by_type = op.hasTag(at::Tag::pointwise) ||
                                schema.name().rfind("aten::_foreach_", 0) == 0 ||
                                schema.name().rfind("aten::_fused_", 0) == 0;

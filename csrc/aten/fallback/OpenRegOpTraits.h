@@ -52,6 +52,9 @@ struct OpTraits {
   // A Device argument: the op runs synchronously (it names where results
   // go). Generator arguments do not: a queued launch reserves its draw.
   bool has_device_arg = false;
+  // Tagged dynamic_output_shape or data_dependent_output: its results'
+  // shapes depend on the data, so it always runs synchronously.
+  bool data_dependent = false;
   std::vector<ArgKey> arg_keys;  // one per argument
   std::vector<bool> writes;      // one per argument: written (alias a!)
   std::vector<bool> generator;   // one per argument: a Generator(?)
