@@ -73,7 +73,11 @@ def _share(tensor: torch.Tensor) -> tuple:
 
 def _rebuild_storage(share: tuple) -> torch.UntypedStorage:
     """The receiver's storage: the sender's device memory, mapped here."""
-    torch.openreg._lazy_init()  # a forked child gets the fork error here
+    try:
+        torch.openreg._lazy_init()  # a forked child gets the fork error here
+    except Exception:
+        _C._ipc_release(share)  # give the send back (no device needed)
+        raise
     key = _cache_key(share)
     storage = _torch_reductions.storage_from_cache(torch.UntypedStorage, key)
     if storage is not None:
@@ -118,6 +122,7 @@ def _raise_sharing_error(message: str) -> None:
     raise RuntimeError(f"openreg: the sending process could not share this object: {message}")
 
 
+# [doc:ipc-refuse]
 def _refuse(error: Exception) -> tuple:
     """What to do when an openreg object cannot be shared."""
     if threading.current_thread().name != "QueueFeederThread":
@@ -129,6 +134,9 @@ def _refuse(error: Exception) -> tuple:
         stacklevel=2,
     )
     return (_raise_sharing_error, (f"{type(error).__name__}: {error}",))
+
+
+# [/doc:ipc-refuse]
 
 
 def reduce_tensor(tensor: torch.Tensor) -> tuple:

@@ -180,6 +180,7 @@ class Sender {
                 "torch.openreg.ipc_collect()) before sending more");
   }
 
+  // [doc:ipc-retire]
   // The sender's storage died: release the block now, or park it.
   void retire(SentBlock* block) {
     std::vector<SentBlock*> done;
@@ -192,6 +193,7 @@ class Sender {
       delete b;  // returns the block to the caching allocator
     }
   }
+  // [/doc:ipc-retire]
 
   size_t collect() {
     std::vector<SentBlock*> done;
@@ -293,6 +295,7 @@ int release_kernel(void* ctx) {
   return 0;
 }
 
+// [doc:ipc-release]
 // Queues the release behind this process's work on the current stream and
 // on every recorded stream.
 void received_deleter(void* ctx) {
@@ -322,6 +325,7 @@ void received_deleter(void* ctx) {
     release_now(block);
   }
 }
+// [/doc:ipc-release]
 
 // Takes the send's slot for this process.
 void claim(const RefFile& refs, const IpcShare& share) {
@@ -367,6 +371,7 @@ IpcShare share_storage(const c10::Storage& storage) {
               "process (its memory belongs to process ",
               static_cast<ReceivedBlock*>(data.get_context())->sender,
               "); send a clone() of it");
+  // [doc:ipc-wrap]
   SentBlock* block = nullptr;
   if (data.get_deleter() == &sent_deleter) {
     block = static_cast<SentBlock*>(data.get_context());
@@ -381,6 +386,7 @@ IpcShare share_storage(const c10::Storage& storage) {
     owned->original = impl->set_data_ptr(std::move(wrapped));
     block = owned.release();
   }
+  // [/doc:ipc-wrap]
   void* ptr = impl->data_ptr().get();
   orPointerAttributes attr;
   OPENREG_CHECK(orPointerGetAttributes(&attr, ptr));

@@ -122,6 +122,7 @@ orError_t map_views(int fd, size_t begin, size_t len, char** device_view,
   return orSuccess;
 }
 
+// [doc:ipc-open-owner]
 // Opens the owner's arena file and checks that the handle still describes a
 // live export of it. On success *fd_out is an open descriptor.
 orError_t open_owner_file(const HandleData& h, int* fd_out) {
@@ -151,6 +152,7 @@ orError_t open_owner_file(const HandleData& h, int* fd_out) {
   *fd_out = fd;
   return orSuccess;
 }
+// [/doc:ipc-open-owner]
 
 }  // namespace
 
