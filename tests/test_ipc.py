@@ -247,6 +247,33 @@ def test_storage_dropped_by_the_receiver_first_is_freed_at_once(peer):
     assert torch.openreg.memory_allocated(D0) == before
 
 
+def test_allocation_collects_released_shared_blocks_before_running_out(peer):
+    # A released shared block waits in the limbo until something collects
+    # it; an allocation that would run out of memory does, before failing.
+    peer.call(_sync_all)
+    torch.openreg.ipc_collect()
+    torch.openreg.empty_cache()
+    before = torch.openreg.memory_allocated(D1)
+    nbytes = 30 << 20
+    torch.openreg.set_per_process_memory_fraction(48 / 4096, D1)  # 48 MiB of 4 GiB
+    try:
+        x = torch.ones(nbytes // 4, device=D1)
+        address = x.data_ptr()
+        message = ForkingPickler.dumps(x)  # in flight: the block is kept
+        del x
+        y = pickle.loads(message)  # received (by this process) ...
+        del y
+        torch.openreg.synchronize(1)  # ... and released; nothing collected yet
+        assert torch.openreg.memory_allocated(D1) == before + nbytes
+        ooms = torch.openreg.memory_stats(D1)["num_ooms"]
+        z = torch.empty(nbytes // 4, device=D1)  # 60 MiB would not fit
+        assert z.data_ptr() == address
+        assert torch.openreg.memory_stats(D1)["num_ooms"] == ooms
+        del z
+    finally:
+        torch.openreg.set_per_process_memory_fraction(1.0, D1)
+
+
 # ---------------------------------------------------------------------------
 # Same process
 
