@@ -105,8 +105,10 @@ def _rebuild_tensor(
         storage = torch.UntypedStorage(0, device=torch.device("openreg", device))
     else:
         storage = _rebuild_storage(share)
-    typed = torch.storage.TypedStorage(wrap_storage=storage, dtype=dtype, _internal=True)
-    t = torch._utils._rebuild_tensor(typed, storage_offset, size, stride)
+    # Straight on the untyped storage: a TypedStorage would print its
+    # deprecation warning in the receiver.
+    t = torch.empty((0,), dtype=dtype, device=storage.device)
+    t.set_(storage, storage_offset, size, stride)
     if cls is torch.nn.parameter.Parameter:
         # Through the constructor: integer Parameters need requires_grad=False.
         return torch.nn.parameter.Parameter(t, requires_grad=requires_grad)
