@@ -9,12 +9,14 @@ Rows without a counterpart are checked to be absent from torch.openreg.
 import gc
 import inspect
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
 import textwrap
 import types
 import warnings
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import pytest
@@ -627,6 +629,21 @@ def _check_empty_cache():
     openreg.empty_cache()
     assert openreg.memory_reserved(1) == 0
     assert openreg.mem_get_info(1)[0] >= free_before + 16 * MiB
+
+
+def _check_ipc_collect():
+    before = openreg.memory_allocated(1)
+    x = torch.ones(MiB // 4, device="openreg:1")
+    message = ForkingPickler.dumps(x)  # a send no process has received yet
+    del x
+    openreg.ipc_collect()
+    assert openreg.memory_allocated(1) == before + MiB  # kept for the receiver
+    y = pickle.loads(message)  # received (here: by the sending process)
+    assert y.tolist() == [1.0] * (MiB // 4)
+    del y
+    openreg.synchronize(1)  # the release is queued on the receiver's stream
+    openreg.ipc_collect()
+    assert openreg.memory_allocated(1) == before
 
 
 def _check_mem_get_info():

@@ -8,7 +8,6 @@ so it keeps its imports light (no conftest).
 
 import io
 import pickle
-from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
@@ -311,6 +310,9 @@ def test_untyped_and_typed_storages():
     assert torch.equal(
         torch.empty(0, dtype=torch.int16).set_(moved.cpu()), torch.arange(4, dtype=torch.int16)
     )
+    # The deprecation warning comes once per process; an earlier test may
+    # have had it (test_fidelity's storage_type check).
+    torch.storage._reset_warn_typed_storage_removal()
     with pytest.warns(UserWarning, match="TypedStorage is deprecated"):
         typed = x.storage()
     assert typed.device == torch.device(D1) and typed.dtype == torch.int32 and typed.is_openreg
@@ -343,15 +345,6 @@ def test_legacy_type_strings():
     assert x.type() == "torch.openreg.FloatTensor"
     assert x.half().type() == "torch.openreg.HalfTensor"
     assert x.type(torch.float64).dtype == torch.float64 and x.type(torch.float64).device == x.device
-
-
-def test_openreg_tensors_cannot_be_sent_to_other_processes():
-    # CUDA shares device memory through IPC handles; openreg has none, so
-    # pickling an openreg tensor for another process fails at once.
-    with pytest.raises(RuntimeError, match="only available on CPU"):
-        ForkingPickler(io.BytesIO()).dump(torch.ones(2, device=D0))
-    # Ordinary pickling (which copies the data) still works.
-    assert torch.equal(pickle.loads(pickle.dumps(torch.ones(2, device=D0))).cpu(), torch.ones(2))
 
 
 # ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import torch
 
 from torch_openreg import _C  # noqa: F401  (loading it registers the C++ side)
 from torch_openreg import distributed as _distributed
+from torch_openreg import ipc as _ipc
 from torch_openreg import openreg as _device_module
 
 __all__ = ["BACKEND_NAME"]
@@ -70,6 +71,7 @@ def _fix_dlpack_device() -> None:
 _register()
 _fix_dlpack_device()
 _distributed._register()
+_ipc._register()
 
 
 def _drain_at_exit() -> None:

@@ -134,7 +134,6 @@ SECTIONS: list[tuple[str, list[Row]]] = [
             _cuda("utilization", "NVML/amdsmi sensor"),
             _cuda("memory_usage", "NVML/amdsmi sensor (memory controller busy time)"),
             _cuda("list_gpu_processes", "NVML process list"),
-            _cuda("ipc_collect", "CUDA IPC memory handles"),
         ],
     ),
     (
@@ -184,6 +183,12 @@ SECTIONS: list[tuple[str, list[Row]]] = [
             _same("reset_peak_memory_stats", "resets every `peak` value"),
             _same("reset_accumulated_memory_stats", "resets `allocated`/`freed` counters"),
             _same("empty_cache", "returns cached blocks; the runtime punches the pages out"),
+            _same(
+                "ipc_collect",
+                "returns the blocks of tensors shared with other processes "
+                "(`torch.multiprocessing`) once every receiver released them or exited "
+                "([ipc.md](ipc.md))",
+            ),
             _same("mem_get_info", "`(free, total)` of the device; total is the device capacity"),
             _same(
                 "set_per_process_memory_fraction",

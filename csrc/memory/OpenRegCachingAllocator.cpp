@@ -43,6 +43,7 @@
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
 #include "memory/OpenRegAllocator.h"
+#include "memory/OpenRegIpc.h"
 #include "memory/OpenRegMemcpy.h"
 
 namespace openreg {
@@ -162,14 +163,19 @@ class DeviceCache {
  public:
   explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
 
-  Block* malloc(size_t orig_size, c10::StreamId stream) {
+  // With `may_defer_oom`, returns nullptr instead of raising out of memory
+  // (the caller collects blocks held for other processes and retries).
+  Block* malloc(size_t orig_size, c10::StreamId stream, bool may_defer_oom) {
     std::lock_guard<std::mutex> lock(mutex_);
     process_events();
     const size_t size = round_size(orig_size);
     BlockPool& pool = size <= kSmallSize ? small_ : large_;
     Block* block = take_free_block(pool, stream, size);
     if (block == nullptr) {
-      block = new_segment(pool, stream, size, orig_size);
+      block = new_segment(pool, stream, size, orig_size, may_defer_oom);
+      if (block == nullptr) {
+        return nullptr;
+      }
     }
     block = maybe_split(block, size);
     block->allocated = true;
@@ -333,7 +339,7 @@ class DeviceCache {
   // Allocates a new segment from the runtime; on failure frees the cache and
   // retries once, then raises torch.OutOfMemoryError.
   Block* new_segment(BlockPool& pool, c10::StreamId stream, size_t size,
-                     size_t orig_size) {
+                     size_t orig_size, bool may_defer_oom) {
     const size_t alloc_size = pool.is_small ? kSmallBuffer : segment_size(size);
     void* ptr = nullptr;
     orError_t err = try_malloc(alloc_size, &ptr);
@@ -341,6 +347,9 @@ class DeviceCache {
       release_cached_blocks();
       ++stats_.num_alloc_retries;
       err = try_malloc(alloc_size, &ptr);
+    }
+    if (err == orErrorMemoryAllocation && may_defer_oom) {
+      return nullptr;
     }
     if (err == orErrorMemoryAllocation) {
       ++stats_.num_ooms;
@@ -562,7 +571,13 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
       return {nullptr, nullptr, &delete_block, dev};
     }
     const c10::StreamId stream = getCurrentStream(device).id();
-    Block* block = cache(device).malloc(nbytes, stream);
+    Block* block = cache(device).malloc(nbytes, stream, ipc_blocks_pending());
+    if (block == nullptr) {
+      // Blocks shared with other processes wait for their receivers: free
+      // those that are done and retry once, as CUDA's allocator does.
+      ipc_collect();
+      block = cache(device).malloc(nbytes, stream, false);
+    }
     blocks_.insert(block->ptr, block);
     return {block->ptr, block->ptr, &delete_block, dev};
   }
@@ -593,6 +608,14 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
   // [doc:allocator-record-stream]
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
     if (ptr.get() == nullptr) {
+      return;
+    }
+    // Storages shared with other processes (OpenRegIpc.h).
+    if (const c10::DataPtr* original = ipc_original_data_ptr(ptr)) {
+      recordStream(*original, stream);
+      return;
+    }
+    if (ipc_record_received_stream(ptr, stream)) {
       return;
     }
     TORCH_CHECK(ptr.get_deleter() == &delete_block,

@@ -19,6 +19,7 @@
 #include "core/OpenRegSynchronize.h"
 #include "distributed/OpenRegProcessGroup.h"
 #include "memory/OpenRegAllocator.h"
+#include "memory/OpenRegIpc.h"
 #include "random/OpenRegGenerator.h"
 #include "serialization/OpenRegBackendMeta.h"
 
@@ -183,6 +184,43 @@ at::Tensor from_blob(uintptr_t address, std::vector<int64_t> sizes,
       .make_tensor();
 }
 
+// A storage shared with another process, as the Python reducer pickles it:
+// (device, handle, offset, nbytes, pid, refs_fd, refs_inode, slot, address).
+// [doc:ipc-share-tuple]
+py::tuple share_to_python(const IpcShare& s) {
+  return py::make_tuple(s.device, py::bytes(s.handle), s.offset, s.nbytes,
+                        s.pid, s.refs_fd, s.refs_inode, s.slot, s.address);
+}
+// [/doc:ipc-share-tuple]
+
+IpcShare share_from_python(const py::tuple& t) {
+  TORCH_CHECK(t.size() == 9, "openreg IPC: expected 9 fields, got ", t.size());
+  IpcShare s;
+  s.device = t[0].cast<c10::DeviceIndex>();
+  s.handle = t[1].cast<std::string>();
+  s.offset = t[2].cast<size_t>();
+  s.nbytes = t[3].cast<size_t>();
+  s.pid = t[4].cast<int>();
+  s.refs_fd = t[5].cast<int>();
+  s.refs_inode = t[6].cast<uint64_t>();
+  s.slot = t[7].cast<int64_t>();
+  s.address = t[8].cast<uintptr_t>();
+  return s;
+}
+
+// The received storage, as a uint8 tensor over all of it (Python takes its
+// untyped_storage()).
+at::Tensor open_shared(const py::tuple& t) {
+  const IpcShare share = share_from_python(t);
+  c10::Storage storage = open_shared_storage(share);
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      caffe2::TypeMeta::Make<uint8_t>());
+  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(
+      {static_cast<int64_t>(share.nbytes)});
+  return tensor;
+}
+
 }  // namespace
 
 }  // namespace openreg
@@ -245,6 +283,18 @@ PYBIND11_MODULE(_C, m) {
   m.def("_host_reset_peak_stats", [] { host_allocator()->reset_peak_stats(); });
   m.def("_host_reset_accumulated_stats",
         [] { host_allocator()->reset_accumulated_stats(); });
+  m.def(
+      "_ipc_share",
+      [](const at::Tensor& t) {
+        return share_to_python(share_storage(t.storage()));
+      },
+      py::arg("tensor"));
+  m.def("_ipc_open", &open_shared, py::arg("share"));
+  m.def(
+      "_ipc_release",
+      [](const py::tuple& t) { release_share(share_from_python(t)); },
+      py::arg("share"));
+  m.def("_ipc_collect", &ipc_collect);
   // [doc:c10d-binding]
   m.def(
       "_create_orccl_backend",

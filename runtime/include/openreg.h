@@ -66,7 +66,9 @@ typedef enum orError_t {
   /* Asynchronous work has not finished yet (from the query functions). */
   orErrorNotReady = 7,
   /* A stream or event handle is null where it must not be, destroyed, or
-   * belongs to another device than the operation requires. */
+   * belongs to another device than the operation requires; or an IPC memory
+   * handle is stale: its allocation was freed, or its owner process exited
+   * (see orIpcOpenMemHandle). */
   orErrorInvalidResourceHandle = 8,
   /* A kernel launched on a stream reported a failure. */
   orErrorLaunchFailure = 9,
@@ -78,6 +80,13 @@ typedef enum orError_t {
   orErrorInvalidEventTiming = 11,
   /* The pointer is not a host allocation made by orMallocHost. */
   orErrorInvalidHostPointer = 12,
+  /* orIpcOpenMemHandle was given a handle exported by the calling process
+   * (use the device pointer itself; CUDA calls this an invalid context). */
+  orErrorIpcSameProcess = 13,
+  /* The memory of another process could not be mapped: its
+   * /proc/<pid>/fd entry is not accessible (another user or PID namespace,
+   * a non-dumpable owner), mmap failed, or too many handles are open. */
+  orErrorMapBufferObjectFailed = 14,
 } orError_t;
 
 /* A static, human readable description of an error code ("out of memory").
@@ -139,7 +148,9 @@ OPENREG_API orError_t orDeviceGetStreamPriorityRange(int* least, int* greatest);
 OPENREG_API orError_t orMalloc(void** ptr, size_t size);
 /* Frees an allocation made by orMalloc on any device. NULL is a no-op.
  * Waits for nothing: the caller guarantees no queued work uses it. Returns
- * the physical pages of the block to the system. */
+ * the physical pages of the block to the system, and makes IPC handles of
+ * it stale. Memory opened with orIpcOpenMemHandle is not freed here
+ * (orErrorInvalidDevicePointer): close it with orIpcCloseMemHandle. */
 OPENREG_API orError_t orFree(void* ptr);
 /* Page-locked ("pinned") host memory: ordinary host memory the device can
  * copy from asynchronously. *ptr is set to NULL first. */
@@ -162,7 +173,9 @@ typedef struct orPointerAttributes {
 /* Describes any pointer, including pointers into the middle of an
  * allocation. Unknown pointers give orMemoryTypeUnregistered and orSuccess.
  * A pointer inside a device's address range that is not part of a live
- * allocation gives orErrorInvalidDevicePointer. */
+ * allocation gives orErrorInvalidDevicePointer. Memory opened with
+ * orIpcOpenMemHandle is device memory whose base and size are those of the
+ * imported allocation. */
 OPENREG_API orError_t orPointerGetAttributes(orPointerAttributes* attributes,
                                              const void* ptr);
 
@@ -199,6 +212,82 @@ OPENREG_API orError_t orMemset(void* dst, int value, size_t count);
  * address range; no allocation lookup is made (this is the hot path). */
 OPENREG_API orError_t orGetKernelPointer(void** kernel_ptr,
                                          const void* device_ptr);
+
+/* ------------------------------------------------------------------------ */
+/* Inter-process communication (IPC): device memory shared between processes */
+/* ------------------------------------------------------------------------ */
+
+/* Device memory of one process can be mapped into another process on the
+ * same machine, as with CUDA's cudaIpc* functions: the owner exports an
+ * allocation as a handle (plain bytes, sent by any means: a pipe, a
+ * multiprocessing queue), the peer opens the handle and gets its own device
+ * pointer to the same bytes. Writes on either side are visible to the other
+ * once the writing side's device work has finished (synchronize it, then
+ * tell the other process by host means); the runtime orders nothing across
+ * processes.
+ *
+ * How the simulator does it: the arena of a device is a memfd; the handle
+ * names the owner's pid and file descriptor, and the peer reopens that file
+ * through /proc/<pid>/fd/<fd> and maps the allocation's pages twice, like
+ * its own arena (a PROT_NONE device view whose addresses it returns, and a
+ * kernel view for orGetKernelPointer). So both processes must run as the
+ * same user in the same PID namespace, and the owner must be dumpable (the
+ * default). A mapping stays valid after the owner exits.
+ *
+ * Both processes see the allocation as memory of device `d` of their own
+ * machine, where d is the owner's device ordinal (the peer needs at least
+ * d + 1 devices). Imported memory does not count against the peer's
+ * capacity or orMemGetInfo. */
+
+#define OR_IPC_HANDLE_SIZE 64
+
+/* Opaque, fixed size, copyable by value (like cudaIpcMemHandle_t). It
+ * carries the owner's pid, the device, the identity of the owner's arena
+ * file, the allocation's offset and size, and a generation number that
+ * orFree invalidates. */
+typedef struct orIpcMemHandle_st {
+  char reserved[OR_IPC_HANDLE_SIZE];
+} orIpcMemHandle_t;
+
+/* Flags of orIpcOpenMemHandle. Peer access between the simulated devices
+ * is always enabled, so the flag is accepted and changes nothing. */
+enum {
+  orIpcMemLazyEnablePeerAccess = 1,
+};
+
+/* Exports the allocation that starts at devPtr (a pointer returned by
+ * orMalloc) for other processes. The handle covers the whole allocation;
+ * exporting the same live allocation again gives the same handle bytes. The
+ * handle becomes stale when the allocation is freed (a later allocation at
+ * the same address gets a different handle). *handle is zeroed first.
+ * Errors: orErrorInvalidValue (handle NULL); orErrorInvalidDevicePointer
+ * (devPtr NULL, host memory, not the start of a live allocation, or memory
+ * this process imported: only the owner exports). Costs no system call
+ * after the first export on a device. */
+OPENREG_API orError_t orIpcGetMemHandle(orIpcMemHandle_t* handle, void* devPtr);
+
+/* Maps the allocation a handle from another process describes; *devPtr is
+ * its base in this process (the owner's offsets within the allocation
+ * apply unchanged). Opening a handle that is already open in this process
+ * returns the same pointer and counts one more open; each open needs one
+ * orIpcCloseMemHandle. The owner must not free the allocation while peers
+ * use it (its pages would be released and reused); keeping it is the job of
+ * the layer above, as in CUDA. *devPtr is set to NULL first.
+ * Errors: orErrorInvalidValue (devPtr NULL, unknown flags, bytes that are
+ * not a handle); orErrorIpcSameProcess (exported by this process);
+ * orErrorInvalidDevice (this process has no such device);
+ * orErrorInvalidResourceHandle (stale: freed, or the owner exited);
+ * orErrorMapBufferObjectFailed (see the error code; at most 1024 distinct
+ * handles are open at once). */
+OPENREG_API orError_t orIpcOpenMemHandle(void** devPtr, orIpcMemHandle_t handle,
+                                         unsigned int flags);
+
+/* Closes one open of orIpcOpenMemHandle; the last close unmaps the memory
+ * (work still queued on it must have finished). The owner's memory is not
+ * affected. Errors: orErrorInvalidValue (NULL); orErrorInvalidDevicePointer
+ * (not a pointer returned by orIpcOpenMemHandle, or already closed as often
+ * as it was opened). */
+OPENREG_API orError_t orIpcCloseMemHandle(void* devPtr);
 
 /* ------------------------------------------------------------------------ */
 /* Streams                                                                  */

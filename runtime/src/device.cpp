@@ -2,6 +2,7 @@
 // the device-level API.
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -96,9 +97,17 @@ orError_t create_device(int index, size_t capacity,
     close(dev->fd);
     return orErrorInitializationError;
   };
-  if (ftruncate(dev->fd, static_cast<off_t>(capacity)) != 0) {
+  // The arena, then the IPC export table (sparse: no page exists until
+  // written).
+  if (ftruncate(dev->fd, static_cast<off_t>(
+                             capacity + export_table_bytes(capacity))) != 0) {
     return fail("ftruncate");
   }
+  struct stat st;
+  if (fstat(dev->fd, &st) != 0) {
+    return fail("fstat");
+  }
+  dev->inode = static_cast<uint64_t>(st.st_ino);
   void* device_view = mmap(nullptr, capacity, PROT_NONE,
                            MAP_SHARED | MAP_NORESERVE, dev->fd, 0);
   if (device_view == MAP_FAILED) {
@@ -219,6 +228,19 @@ Device* device_of(const void* p) {
     }
   }
   return nullptr;
+}
+
+bool find_device_range(const void* p, DeviceRange* out) {
+  if (Device* dev = device_of(p)) {
+    out->dev = dev;
+    out->device_base = dev->device_base;
+    out->kernel_base = dev->kernel_base;
+    out->size = dev->capacity;
+    out->imported = false;
+    out->owner_pid = 0;
+    return true;
+  }
+  return find_imported(p, out);
 }
 
 int current_device() { return t_current_device; }

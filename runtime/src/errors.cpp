@@ -24,7 +24,9 @@ constexpr ErrorInfo kErrors[] = {
      "memcpy kind does not match the memory the pointers refer to"},
     {orErrorNotReady, "orErrorNotReady", "device work not yet completed"},
     {orErrorInvalidResourceHandle, "orErrorInvalidResourceHandle",
-     "invalid stream or event handle (null, destroyed, or on another device)"},
+     "invalid resource handle (a stream or event: null, destroyed, or on "
+     "another device; an IPC memory handle: stale, its allocation was freed "
+     "or its owner process exited)"},
     {orErrorLaunchFailure, "orErrorLaunchFailure",
      "a kernel launched on the device failed"},
     {orErrorInitializedInParent, "orErrorInitializedInParent",
@@ -34,6 +36,13 @@ constexpr ErrorInfo kErrors[] = {
      "event has timing disabled or was never recorded"},
     {orErrorInvalidHostPointer, "orErrorInvalidHostPointer",
      "not a pinned host allocation from orMallocHost (or freed twice)"},
+    {orErrorIpcSameProcess, "orErrorIpcSameProcess",
+     "the IPC memory handle was exported by this process (use the device "
+     "pointer itself)"},
+    {orErrorMapBufferObjectFailed, "orErrorMapBufferObjectFailed",
+     "the memory of another process could not be mapped (its /proc/<pid>/fd "
+     "entry is not accessible: another user or PID namespace; mmap failed; "
+     "or too many IPC handles are open)"},
 };
 
 const ErrorInfo* find(orError_t error) {

@@ -63,15 +63,29 @@ void on_fault(int sig, siginfo_t* info, void* context) {
       break;
     }
   }
+  DeviceRange imported;
+  if (dev == nullptr && find_imported(addr, &imported)) {
+    dev = imported.dev;
+  }
   if (dev != nullptr) {
     put("\nopenreg: host code accessed device memory at ");
     put_number(reinterpret_cast<uint64_t>(addr), 16);
     put(" (device ");
     put_number(static_cast<uint64_t>(dev->index), 10);
-    put(", offset ");
-    put_number(static_cast<uint64_t>(static_cast<const char*>(addr) -
-                                     dev->device_base),
-               16);
+    if (imported.imported) {
+      put(", memory imported from process ");
+      put_number(static_cast<uint64_t>(imported.owner_pid), 10);
+      put(", offset ");
+      put_number(static_cast<uint64_t>(static_cast<const char*>(addr) -
+                                       imported.device_base),
+                 16);
+      put(" in the allocation");
+    } else {
+      put(", offset ");
+      put_number(static_cast<uint64_t>(static_cast<const char*>(addr) -
+                                       dev->device_base),
+                 16);
+    }
     put(").\nopenreg: device memory cannot be read or written by the host; "
         "copy the tensor to the CPU first (tensor.cpu()), or run the "
         "operation on the device.\n");

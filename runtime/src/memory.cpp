@@ -80,6 +80,20 @@ void* kernel_ptr(Device& dev, const void* p) {
   return dev.kernel_base + (static_cast<const char*>(p) - dev.device_base);
 }
 
+bool range_is_valid(const DeviceRange& range, const void* p, size_t n) {
+  if (!range.imported) {
+    return range_is_live(*range.dev, p, n);
+  }
+  // An imported allocation is live as a whole while it is open.
+  const size_t off =
+      static_cast<size_t>(static_cast<const char*>(p) - range.device_base);
+  return off < range.size && n <= range.size - off;
+}
+
+void* kernel_ptr(const DeviceRange& range, const void* p) {
+  return range.kernel_base + (static_cast<const char*>(p) - range.device_base);
+}
+
 }  // namespace openreg_rt
 
 using namespace openreg_rt;
@@ -90,21 +104,23 @@ enum class Where { kHost, kDevice, kBadDevice };
 
 struct Side {
   Where where;
-  Device* dev;
+  DeviceRange range;  // range.dev == nullptr for host memory
 };
 
 Side classify(const void* p, size_t n) {
-  Device* dev = device_of(p);
-  if (dev == nullptr) {
-    return {Where::kHost, nullptr};
+  Side side{Where::kHost, {}};
+  if (find_device_range(p, &side.range)) {
+    side.where =
+        range_is_valid(side.range, p, n) ? Where::kDevice : Where::kBadDevice;
   }
-  return {range_is_live(*dev, p, n) ? Where::kDevice : Where::kBadDevice, dev};
+  return side;
 }
 
-// Validates a copy. On success, *src_dev / *dst_dev are the devices involved
-// (nullptr for host sides).
+// Validates a copy. On success, *dst_range / *src_range say where the sides
+// live (dev == nullptr for host sides).
 orError_t check_copy(void* dst, const void* src, size_t count,
-                     orMemcpyKind kind, Device** dst_dev, Device** src_dev) {
+                     orMemcpyKind kind, DeviceRange* dst_range,
+                     DeviceRange* src_range) {
   if (dst == nullptr || src == nullptr) {
     return count == 0 ? orSuccess : orErrorInvalidValue;
   }
@@ -127,8 +143,8 @@ orError_t check_copy(void* dst, const void* src, size_t count,
       return orErrorInvalidMemcpyDirection;
     }
   }
-  *dst_dev = d.dev;
-  *src_dev = s.dev;
+  *dst_range = d.range;
+  *src_range = s.range;
   return orSuccess;
 }
 
@@ -136,11 +152,12 @@ orError_t check_copy(void* dst, const void* src, size_t count,
 // saturates the memory bus; smaller ones are not worth a thread.
 constexpr size_t kParallelCopyBytes = size_t{8} << 20;
 
-void do_copy(void* dst, const void* src, size_t count, Device* dst_dev,
-             Device* src_dev) {
-  auto* d = static_cast<char*>(dst_dev ? kernel_ptr(*dst_dev, dst) : dst);
-  const auto* s =
-      static_cast<const char*>(src_dev ? kernel_ptr(*src_dev, src) : src);
+void do_copy(void* dst, const void* src, size_t count,
+             const DeviceRange& dst_range, const DeviceRange& src_range) {
+  auto* d =
+      static_cast<char*>(dst_range.dev ? kernel_ptr(dst_range, dst) : dst);
+  const auto* s = static_cast<const char*>(
+      src_range.dev ? kernel_ptr(src_range, src) : src);
   const size_t workers = std::max(1u, std::thread::hardware_concurrency());
   const bool overlapping = d < s + count && s < d + count;
   if (count < kParallelCopyBytes || workers == 1 || overlapping) {
@@ -220,6 +237,7 @@ orError_t orFree(void* ptr) {
   if (it == dev->live.end()) {
     return orErrorInvalidDevicePointer;
   }
+  forget_export(*dev, offset);
   size_t begin = offset;
   size_t end = offset + it->second;
   const size_t block_begin = begin;
@@ -268,50 +286,59 @@ orError_t orPointerGetAttributes(orPointerAttributes* attributes,
     attributes->size = size;
     return orSuccess;
   }
+  DeviceRange imported;
+  if (find_imported(ptr, &imported)) {
+    attributes->type = orMemoryTypeDevice;
+    attributes->device = imported.dev->index;
+    attributes->base = imported.device_base;
+    attributes->size = imported.size;
+    return orSuccess;
+  }
   return host_attributes(attributes, ptr);
 }
 
 orError_t orMemcpy(void* dst, const void* src, size_t count,
                    orMemcpyKind kind) {
   OR_RETURN_IF_ERROR(ensure_init());
-  Device* dst_dev = nullptr;
-  Device* src_dev = nullptr;
-  OR_RETURN_IF_ERROR(check_copy(dst, src, count, kind, &dst_dev, &src_dev));
+  DeviceRange dst_range;
+  DeviceRange src_range;
+  OR_RETURN_IF_ERROR(check_copy(dst, src, count, kind, &dst_range, &src_range));
   if (count == 0) {
     return orSuccess;
   }
   // Ordered after the work queued on the default streams involved.
-  if (dst_dev != nullptr) {
-    OR_RETURN_IF_ERROR(dst_dev->default_stream->synchronize());
+  if (dst_range.dev != nullptr) {
+    OR_RETURN_IF_ERROR(dst_range.dev->default_stream->synchronize());
   }
-  if (src_dev != nullptr && src_dev != dst_dev) {
-    OR_RETURN_IF_ERROR(src_dev->default_stream->synchronize());
+  if (src_range.dev != nullptr && src_range.dev != dst_range.dev) {
+    OR_RETURN_IF_ERROR(src_range.dev->default_stream->synchronize());
   }
-  do_copy(dst, src, count, dst_dev, src_dev);
+  do_copy(dst, src, count, dst_range, src_range);
   return orSuccess;
 }
 
 orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
                         orMemcpyKind kind, orStream_t stream) {
   OR_RETURN_IF_ERROR(ensure_init());
-  Device* dst_dev = nullptr;
-  Device* src_dev = nullptr;
-  OR_RETURN_IF_ERROR(check_copy(dst, src, count, kind, &dst_dev, &src_dev));
+  DeviceRange dst_range;
+  DeviceRange src_range;
+  OR_RETURN_IF_ERROR(check_copy(dst, src, count, kind, &dst_range, &src_range));
   if (stream == nullptr) {
     stream = device_at(current_device())->default_stream;
   }
   if (count == 0) {
     return orSuccess;
   }
-  bool pageable = (dst_dev == nullptr && !host_range_is_pinned(dst, count)) ||
-                  (src_dev == nullptr && !host_range_is_pinned(src, count));
+  bool pageable =
+      (dst_range.dev == nullptr && !host_range_is_pinned(dst, count)) ||
+      (src_range.dev == nullptr && !host_range_is_pinned(src, count));
   if (pageable) {
     // CUDA semantics: a copy to or from pageable memory is synchronous.
     OR_RETURN_IF_ERROR(stream->synchronize());
-    do_copy(dst, src, count, dst_dev, src_dev);
+    do_copy(dst, src, count, dst_range, src_range);
     return orSuccess;
   }
-  stream->enqueue([=] { do_copy(dst, src, count, dst_dev, src_dev); });
+  stream->enqueue([=] { do_copy(dst, src, count, dst_range, src_range); });
   return orSuccess;
 }
 
@@ -320,12 +347,12 @@ orError_t orMemset(void* dst, int value, size_t count) {
   if (dst == nullptr) {
     return count == 0 ? orSuccess : orErrorInvalidValue;
   }
-  Device* dev = device_of(dst);
-  if (dev == nullptr || !range_is_live(*dev, dst, count)) {
+  DeviceRange range;
+  if (!find_device_range(dst, &range) || !range_is_valid(range, dst, count)) {
     return orErrorInvalidDevicePointer;
   }
-  OR_RETURN_IF_ERROR(dev->default_stream->synchronize());
-  std::memset(kernel_ptr(*dev, dst), value, count);
+  OR_RETURN_IF_ERROR(range.dev->default_stream->synchronize());
+  std::memset(kernel_ptr(range, dst), value, count);
   return orSuccess;
 }
 
@@ -335,11 +362,15 @@ orError_t orGetKernelPointer(void** kernel_ptr_out, const void* device_ptr) {
   }
   *kernel_ptr_out = nullptr;
   OR_RETURN_IF_ERROR(ensure_init());
-  Device* dev = device_of(device_ptr);
-  if (dev == nullptr) {
+  if (Device* dev = device_of(device_ptr)) {
+    *kernel_ptr_out = kernel_ptr(*dev, device_ptr);
+    return orSuccess;
+  }
+  DeviceRange imported;
+  if (!find_imported(device_ptr, &imported)) {
     return orErrorInvalidDevicePointer;
   }
-  *kernel_ptr_out = kernel_ptr(*dev, device_ptr);
+  *kernel_ptr_out = kernel_ptr(imported, device_ptr);
   return orSuccess;
 }
 

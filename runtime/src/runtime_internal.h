@@ -34,17 +34,24 @@ using Stream = ::orStream;
 // kernels use). device pointer p and kernel pointer p - device_base +
 // kernel_base name the same byte. Immutable after construction except where
 // noted.
+//
+// The file is longer than the arena: past `capacity` lies the export table
+// of IPC (ipc.cpp), one uint64 generation per kAllocAlignment bytes of arena,
+// nonzero while the allocation starting there is exported.
 struct Device {
   int index = 0;
   size_t capacity = 0;
   int fd = -1;
+  uint64_t inode = 0;  // of the memfd: identifies it in IPC handles
   char* device_base = nullptr;
   char* kernel_base = nullptr;
 
-  std::mutex mem_mutex;                  // guards the three fields below
+  std::mutex mem_mutex;                  // guards the four fields below
   std::map<size_t, size_t> live;         // offset -> size of live blocks
   std::map<size_t, size_t> free_ranges;  // offset -> size, coalesced
   size_t used = 0;                       // bytes in live blocks
+  // The export table mapped read-write, after the first orIpcGetMemHandle.
+  std::atomic<uint64_t>* export_table = nullptr;
 
   std::mutex streams_mutex;          // guards `streams`
   std::set<Stream*> streams;         // every live stream of the device
@@ -71,14 +78,41 @@ orError_t ensure_init();
 Runtime& runtime();
 // Device by ordinal, or nullptr when out of range (after ensure_init).
 Device* device_at(int index);
-// The device whose address range contains p, or nullptr.
+// The device whose arena contains p, or nullptr (memory imported from
+// another process is not in an arena: see find_device_range).
 Device* device_of(const void* p);
 int current_device();
+
+// A range of device addresses and where kernels reach the same bytes: a
+// device's arena, or an allocation imported from another process.
+struct DeviceRange {
+  Device* dev = nullptr;  // nullptr: p is not device memory
+  char* device_base = nullptr;
+  char* kernel_base = nullptr;
+  size_t size = 0;
+  bool imported = false;
+  int owner_pid = 0;  // imported only: the exporting process
+};
+// The range that contains p: the arenas first (the hot path), then the
+// imported allocations. False for host memory.
+bool find_device_range(const void* p, DeviceRange* out);
+// The imported allocation that contains p (ipc.cpp). Lock-free and
+// async-signal-safe, so the fault handler uses it too.
+bool find_imported(const void* p, DeviceRange* out);
+// Size of the export table that follows an arena of `capacity` bytes.
+size_t export_table_bytes(size_t capacity);
+// Called by orFree with dev.mem_mutex held: the block at `offset` is gone,
+// so handles exported for it become stale.
+void forget_export(Device& dev, size_t offset);
 
 // Memory helpers shared by memcpy and streams.
 // Checks that [p, p + n) lies inside one live allocation of dev.
 bool range_is_live(Device& dev, const void* p, size_t n);
+// The same for any range: a live allocation of an arena, or inside an
+// imported allocation.
+bool range_is_valid(const DeviceRange& range, const void* p, size_t n);
 void* kernel_ptr(Device& dev, const void* p);
+void* kernel_ptr(const DeviceRange& range, const void* p);
 bool host_range_is_pinned(const void* p, size_t n);
 // Fills attributes for a host pointer (pinned or not).
 orError_t host_attributes(orPointerAttributes* attributes, const void* p);

@@ -26,6 +26,7 @@ __all__ = [
     "get_per_process_memory_fraction",
     "host_memory_stats",
     "host_memory_stats_as_nested_dict",
+    "ipc_collect",
     "max_memory_allocated",
     "max_memory_cached",
     "max_memory_reserved",
@@ -63,6 +64,15 @@ def empty_cache() -> None:
     """Returns the memory of unused cached blocks to the system."""
     if _initialized():
         torch.accelerator.empty_cache()
+
+
+def ipc_collect() -> None:
+    """Returns to the caching allocator the blocks of tensors this process
+    shared with other processes (``torch.multiprocessing``) and dropped,
+    once every receiver has released them or exited, as
+    ``torch.cuda.ipc_collect``. It also happens by itself when another
+    shared tensor dies or an allocation would run out of memory."""
+    _C._ipc_collect()
 
 
 def memory_stats(device: Any = None) -> "OrderedDict[str, Any]":

@@ -1,0 +1,203 @@
+// Device memory shared between processes, what any driver must do:
+// orIpcGetMemHandle, orIpcOpenMemHandle, orIpcCloseMemHandle (bad arguments,
+// same process, closing twice, stale handles, memory shared both ways).
+// A handle must be opened by another process: ../ipc_peer.h starts one.
+#include <cstring>
+#include <vector>
+
+#include "ipc_peer.h"
+#include "test_util.h"
+
+namespace {
+
+using openreg_test::DeviceBuffer;
+using openreg_test::kPeerBytes;
+using openreg_test::Peer;
+using openreg_test::PeerPattern;
+using openreg_test::ReplyPattern;
+using openreg_test::RuntimeTest;
+
+bool IsZero(const orIpcMemHandle_t& h) {
+  for (char c : h.reserved) {
+    if (c != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+using IpcTest = RuntimeTest;
+
+TEST_F(IpcTest, HandleIsSixtyFourOpaqueBytes) {
+  EXPECT_EQ(64u, sizeof(orIpcMemHandle_t));
+  EXPECT_EQ(static_cast<size_t>(OR_IPC_HANDLE_SIZE), sizeof(orIpcMemHandle_t));
+}
+
+TEST_F(IpcTest, GetMemHandleRejectsWhatIsNotALiveAllocation) {
+  EXPECT_EQ(orErrorInvalidValue, orIpcGetMemHandle(nullptr, nullptr));
+  orIpcMemHandle_t handle;
+  std::memset(&handle, 0x5a, sizeof(handle));
+  EXPECT_EQ(orErrorInvalidDevicePointer, orIpcGetMemHandle(&handle, nullptr));
+  EXPECT_TRUE(IsZero(handle)) << "the handle is cleared on failure";
+  int on_stack = 0;
+  EXPECT_EQ(orErrorInvalidDevicePointer, orIpcGetMemHandle(&handle, &on_stack));
+  DeviceBuffer buffer(4096);
+  // Like CUDA: the base of an allocation, not a pointer into it.
+  EXPECT_EQ(orErrorInvalidDevicePointer,
+            orIpcGetMemHandle(&handle, buffer.bytes() + 512));
+  void* freed = nullptr;
+  OR_ASSERT_OK(orMalloc(&freed, 4096));
+  OR_ASSERT_OK(orFree(freed));
+  EXPECT_EQ(orErrorInvalidDevicePointer, orIpcGetMemHandle(&handle, freed));
+}
+
+TEST_F(IpcTest, SameAllocationSameHandleNewAllocationNewHandle) {
+  void* p = nullptr;
+  OR_ASSERT_OK(orMalloc(&p, 8192));
+  orIpcMemHandle_t first;
+  orIpcMemHandle_t again;
+  OR_ASSERT_OK(orIpcGetMemHandle(&first, p));
+  OR_ASSERT_OK(orIpcGetMemHandle(&again, p));
+  EXPECT_EQ(0, std::memcmp(&first, &again, sizeof(first)));
+  OR_ASSERT_OK(orFree(p));
+  void* q = nullptr;
+  OR_ASSERT_OK(orMalloc(&q, 8192));
+  // Usually the same address (best fit); a new handle either way.
+  orIpcMemHandle_t second;
+  OR_ASSERT_OK(orIpcGetMemHandle(&second, q));
+  EXPECT_NE(0, std::memcmp(&first, &second, sizeof(first)));
+  OR_ASSERT_OK(orFree(q));
+}
+
+TEST_F(IpcTest, OpeningAHandleOfThisProcessFails) {
+  DeviceBuffer buffer(4096);
+  orIpcMemHandle_t handle;
+  OR_ASSERT_OK(orIpcGetMemHandle(&handle, buffer.get()));
+  void* p = reinterpret_cast<void*>(0x1);
+  EXPECT_EQ(orErrorIpcSameProcess, orIpcOpenMemHandle(&p, handle, 0));
+  EXPECT_EQ(nullptr, p);
+}
+
+TEST_F(IpcTest, OpenRejectsBadArguments) {
+  orIpcMemHandle_t zero{};
+  EXPECT_EQ(orErrorInvalidValue, orIpcOpenMemHandle(nullptr, zero, 0));
+  void* p = reinterpret_cast<void*>(0x1);
+  EXPECT_EQ(orErrorInvalidValue, orIpcOpenMemHandle(&p, zero, 0));
+  EXPECT_EQ(nullptr, p);
+  orIpcMemHandle_t garbage;
+  for (size_t i = 0; i < sizeof(garbage.reserved); ++i) {
+    garbage.reserved[i] = static_cast<char>(i * 37 + 11);
+  }
+  EXPECT_EQ(orErrorInvalidValue, orIpcOpenMemHandle(&p, garbage, 0));
+  DeviceBuffer buffer(4096);
+  orIpcMemHandle_t handle;
+  OR_ASSERT_OK(orIpcGetMemHandle(&handle, buffer.get()));
+  EXPECT_EQ(orErrorInvalidValue, orIpcOpenMemHandle(&p, handle, 2));
+}
+
+TEST_F(IpcTest, CloseRejectsWhatWasNotOpened) {
+  EXPECT_EQ(orErrorInvalidValue, orIpcCloseMemHandle(nullptr));
+  DeviceBuffer buffer(4096);
+  EXPECT_EQ(orErrorInvalidDevicePointer, orIpcCloseMemHandle(buffer.get()));
+  int on_stack = 0;
+  EXPECT_EQ(orErrorInvalidDevicePointer, orIpcCloseMemHandle(&on_stack));
+}
+
+TEST_F(IpcTest, PeerMemoryIsSharedBothWays) {
+  Peer peer;
+  ASSERT_TRUE(peer.ok());
+  void* p = nullptr;
+  OR_ASSERT_OK(
+      orIpcOpenMemHandle(&p, peer.handle(), orIpcMemLazyEnablePeerAccess));
+  ASSERT_NE(nullptr, p);
+  orPointerAttributes attr;
+  OR_ASSERT_OK(orPointerGetAttributes(&attr, static_cast<char*>(p) + 100));
+  EXPECT_EQ(orMemoryTypeDevice, attr.type);
+  EXPECT_EQ(0, attr.device);
+  EXPECT_EQ(p, attr.base);
+  EXPECT_EQ(openreg_test::RoundUp(kPeerBytes, 512), attr.size);
+  // The peer's bytes, read here.
+  std::vector<unsigned char> bytes(kPeerBytes);
+  OR_ASSERT_OK(orMemcpy(bytes.data(), p, kPeerBytes, orMemcpyDeviceToHost));
+  for (size_t i = 0; i < kPeerBytes; ++i) {
+    ASSERT_EQ(PeerPattern(i), bytes[i]) << "byte " << i;
+  }
+  // Bytes written here (a copy and a kernel through the kernel view), read
+  // by the peer.
+  for (size_t i = 0; i < kPeerBytes; ++i) {
+    bytes[i] = ReplyPattern(i);
+  }
+  OR_ASSERT_OK(orMemcpy(p, bytes.data(), 4096, orMemcpyHostToDevice));
+  void* kernel = nullptr;
+  OR_ASSERT_OK(orGetKernelPointer(&kernel, static_cast<char*>(p) + 4096));
+  std::memcpy(kernel, bytes.data() + 4096, kPeerBytes - 4096);
+  EXPECT_EQ('y', peer.Ask('c'));
+  // Only the owner frees or exports; the range ends with the allocation.
+  EXPECT_EQ(orErrorInvalidDevicePointer, orFree(p));
+  orIpcMemHandle_t again;
+  EXPECT_EQ(orErrorInvalidDevicePointer, orIpcGetMemHandle(&again, p));
+  EXPECT_EQ(orErrorInvalidDevicePointer,
+            orMemcpy(bytes.data(), p, attr.size + 1, orMemcpyDeviceToHost));
+  OR_EXPECT_OK(orMemset(p, 0, attr.size));
+  OR_EXPECT_OK(orIpcCloseMemHandle(p));
+  EXPECT_TRUE(peer.Quit());
+}
+
+TEST_F(IpcTest, OpeningTwiceGivesTheSamePointerAndNeedsTwoCloses) {
+  Peer peer;
+  ASSERT_TRUE(peer.ok());
+  void* a = nullptr;
+  void* b = nullptr;
+  OR_ASSERT_OK(orIpcOpenMemHandle(&a, peer.handle(), 0));
+  OR_ASSERT_OK(orIpcOpenMemHandle(&b, peer.handle(), 0));
+  EXPECT_EQ(a, b);
+  OR_EXPECT_OK(orIpcCloseMemHandle(a));
+  orPointerAttributes attr;
+  OR_EXPECT_OK(orPointerGetAttributes(&attr, a));
+  EXPECT_EQ(orMemoryTypeDevice, attr.type) << "still open once";
+  OR_EXPECT_OK(orIpcCloseMemHandle(b));
+  EXPECT_EQ(orErrorInvalidDevicePointer, orIpcCloseMemHandle(a))
+      << "closed as often as opened";
+  OR_EXPECT_OK(orPointerGetAttributes(&attr, a));
+  EXPECT_EQ(orMemoryTypeUnregistered, attr.type);
+}
+
+TEST_F(IpcTest, HandleOfFreedMemoryIsStale) {
+  Peer peer;
+  ASSERT_TRUE(peer.ok());
+  ASSERT_EQ('k', peer.Ask('f'));
+  void* p = reinterpret_cast<void*>(0x1);
+  EXPECT_EQ(orErrorInvalidResourceHandle,
+            orIpcOpenMemHandle(&p, peer.handle(), 0));
+  EXPECT_EQ(nullptr, p);
+}
+
+TEST_F(IpcTest, HandleOfAnExitedProcessIsStale) {
+  Peer peer;
+  ASSERT_TRUE(peer.ok());
+  const orIpcMemHandle_t handle = peer.handle();
+  ASSERT_TRUE(peer.Quit());
+  void* p = nullptr;
+  EXPECT_EQ(orErrorInvalidResourceHandle, orIpcOpenMemHandle(&p, handle, 0));
+}
+
+TEST_F(IpcTest, MemoryOfDeviceOneOpensAsDeviceOne) {
+  OR_REQUIRE_DEVICES(2);
+  Peer peer(1);
+  ASSERT_TRUE(peer.ok());
+  void* p = nullptr;
+  OR_ASSERT_OK(orIpcOpenMemHandle(&p, peer.handle(), 0));
+  orPointerAttributes attr;
+  OR_ASSERT_OK(orPointerGetAttributes(&attr, p));
+  EXPECT_EQ(1, attr.device);
+  // A copy between the imported memory and an allocation of device 0.
+  DeviceBuffer local(kPeerBytes);
+  OR_ASSERT_OK(orMemcpy(local.get(), p, kPeerBytes, orMemcpyDeviceToDevice));
+  unsigned char last = 0;
+  OR_ASSERT_OK(
+      orMemcpy(&last, local.bytes() + kPeerBytes - 1, 1, orMemcpyDeviceToHost));
+  EXPECT_EQ(PeerPattern(kPeerBytes - 1), last);
+  OR_EXPECT_OK(orIpcCloseMemHandle(p));
+}
+
+}  // namespace
