@@ -66,13 +66,13 @@ c10::DeviceIndex device_count() noexcept {
 }
 // [/doc:device-count]
 
-void check_device_index(c10::DeviceIndex device) {
+void raise_invalid_device(c10::DeviceIndex device) {
   c10::DeviceIndex count = device_count();
-  TORCH_CHECK(
-      device >= 0 && device < count, "Invalid openreg device index ",
-      static_cast<int>(device), ": this machine has ", static_cast<int>(count),
-      " openreg device(s), valid indices are 0..", static_cast<int>(count) - 1,
-      " (set OPENREG_DEVICE_COUNT to simulate more)");
+  TORCH_CHECK(false, "Invalid openreg device index ", static_cast<int>(device),
+              ": this machine has ", static_cast<int>(count),
+              " openreg device(s), valid indices are 0..",
+              static_cast<int>(count) - 1,
+              " (set OPENREG_DEVICE_COUNT to simulate more)");
 }
 
 c10::DeviceIndex current_device() {

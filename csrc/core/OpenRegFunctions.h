@@ -16,7 +16,12 @@ constexpr c10::DeviceIndex kMaxDevices = 16;
 // (never throws).
 c10::DeviceIndex device_count() noexcept;
 // Throws with the valid range if `device` is not a device of this machine.
-void check_device_index(c10::DeviceIndex device);
+[[noreturn]] void raise_invalid_device(c10::DeviceIndex device);
+inline void check_device_index(c10::DeviceIndex device) {
+  if (C10_UNLIKELY(device < 0 || device >= device_count())) {
+    raise_invalid_device(device);
+  }
+}
 c10::DeviceIndex current_device();
 void set_device(c10::DeviceIndex device);
 // Sets `device` current and returns the previous one.

@@ -23,6 +23,7 @@ constexpr size_t kMaxPriorities = 4;
 // [doc:stream-table]
 struct DeviceStreams {
   std::once_flag init_once;
+  std::atomic<bool> ready{false};  // init_once has run (fast path)
   // table[id] is the runtime handle of stream id; table[0] is the default
   // stream. Filled once, under init_once; read without a lock afterwards.
   std::vector<orStream_t> table;
@@ -38,6 +39,9 @@ DeviceStreams& streams_of(c10::DeviceIndex device) {
   static std::array<DeviceStreams, kMaxDevices> all;
   check_device_index(device);
   DeviceStreams& ds = all[static_cast<size_t>(device)];
+  if (C10_LIKELY(ds.ready.load(std::memory_order_acquire))) {
+    return ds;
+  }
   std::call_once(ds.init_once, [&ds, device] {
     lazy_init();
     orStream_t def = nullptr;
@@ -59,6 +63,7 @@ DeviceStreams& streams_of(c10::DeviceIndex device) {
         ds.table.push_back(s);
       }
     }
+    ds.ready.store(true, std::memory_order_release);
   });
   return ds;
 }

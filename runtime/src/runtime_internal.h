@@ -137,6 +137,8 @@ struct orStream {
 
   // Appends work; returns at once.
   void enqueue(std::function<void()> task);
+  // Appends a launched kernel (orLaunchKernel): no allocation.
+  void enqueue_kernel(orKernelFn fn, void* user_data);
   // Appends a marker (an event record): when the worker reaches it, `signal`
   // runs under the stream's lock in the same step that counts it completed,
   // so "the event completed" and "the stream is idle" are never observed to
@@ -152,7 +154,9 @@ struct orStream {
 
   // private to stream.cpp:
   struct Task {
-    std::function<void()> fn;
+    std::function<void()> fn;  // runtime work (copies, markers), or
+    orKernelFn kernel;         // a launched kernel and its argument
+    void* user_data;
     bool marker;  // see enqueue_marker
   };
   void push(Task task);

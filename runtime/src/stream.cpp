@@ -23,11 +23,15 @@ orStream::~orStream() {
 }
 
 void orStream::enqueue(std::function<void()> task) {
-  push(Task{std::move(task), false});
+  push(Task{std::move(task), nullptr, nullptr, false});
+}
+
+void orStream::enqueue_kernel(orKernelFn fn, void* user_data) {
+  push(Task{nullptr, fn, user_data, false});
 }
 
 void orStream::enqueue_marker(std::function<void()> signal) {
-  push(Task{std::move(signal), true});
+  push(Task{std::move(signal), nullptr, nullptr, true});
 }
 
 void orStream::push(Task task) {
@@ -106,8 +110,14 @@ void orStream::run() {
       continue;
     }
     lock.unlock();
-    task.fn();
-    task.fn = nullptr;  // release captures before reporting completion
+    if (task.kernel != nullptr) {
+      if (task.kernel(task.user_data) != 0) {
+        record_error(orErrorLaunchFailure);
+      }
+    } else {
+      task.fn();
+      task.fn = nullptr;  // release captures before reporting completion
+    }
     lock.lock();
     ++completed_;
     done_cv_.notify_all();
@@ -215,12 +225,7 @@ orError_t orLaunchKernel(orStream_t stream, orKernelFn fn, void* user_data) {
   }
   OR_RETURN_IF_ERROR(ensure_init());
   resolve(&stream);
-  orStream* s = stream;
-  s->enqueue([s, fn, user_data] {
-    if (fn(user_data) != 0) {
-      s->record_error(orErrorLaunchFailure);
-    }
-  });
+  stream->enqueue_kernel(fn, user_data);
   return orSuccess;
 }
 

@@ -1,6 +1,7 @@
 #include "aten/fallback/OpenRegCapture.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/util/SmallVector.h>
 
 #include <utility>
 
@@ -12,7 +13,7 @@ std::vector<c10::IValue> capture_arguments(const torch::jit::Stack& stack,
                                            const OpTraits& traits) {
   const size_t num_args = traits.writes.size();
   const size_t first = stack.size() - num_args;
-  std::vector<std::pair<c10::TensorImpl*, at::Tensor>> seen;
+  c10::SmallVector<std::pair<c10::TensorImpl*, at::Tensor>, 8> seen;
   std::vector<c10::IValue> captured;
   captured.reserve(num_args);
   for (size_t i = 0; i < num_args; ++i) {
@@ -40,7 +41,7 @@ torch::jit::Stack run_cpu_kernel(const c10::OperatorHandle& op,
                                  KernelViews& views) {
   torch::jit::Stack stack;
   stack.reserve(captured.size());
-  std::vector<std::pair<at::Tensor, at::Tensor>> written;
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 4> written;
   for (size_t i = 0; i < captured.size(); ++i) {
     const bool writes = traits.writes[i] && captured[i].isTensor();
     stack.push_back(map_tensors(captured[i], [&](const at::Tensor& t) {

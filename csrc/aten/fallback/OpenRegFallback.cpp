@@ -25,6 +25,7 @@
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -150,7 +151,7 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
     }
   }
   // New results, allocated now.
-  std::vector<c10::IValue> results;
+  c10::SmallVector<c10::IValue, 4> results;
   std::vector<std::pair<std::pair<size_t, int>, at::Tensor>> new_outputs;
   for (size_t r = 0; r < plan->outputs.size(); ++r) {
     const LaunchPlan::Output& out = plan->outputs[r];
