@@ -1,5 +1,6 @@
 #include "inductor/OpenRegCompiledKernel.h"
 
+#include <ATen/record_function.h>
 #include <openreg.h>
 
 #include <utility>
@@ -50,6 +51,9 @@ void launch_compiled_kernel(c10::DeviceIndex device, const std::string& name,
                             KernelEntry entry, KernelArgs args) {
   TORCH_INTERNAL_ASSERT(entry != nullptr, "compiled kernel ", name,
                         " has no entry point");
+  // The launch as an operator of its own in the profiler (compiled kernels
+  // are called from the generated wrapper, not through the dispatcher).
+  RECORD_FUNCTION(name, std::vector<c10::IValue>());
   launch_async(device, name, [entry, args = std::move(args)] {
     run_compiled_kernel(entry, args);
   });
