@@ -5,7 +5,7 @@
 
 #include <utility>
 
-#include "aten/OpenRegKernelView.h"
+#include "aten/OpenRegLaunch.h"
 #include "core/OpenRegException.h"
 
 namespace openreg::inductor {
