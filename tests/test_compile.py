@@ -4,10 +4,9 @@ csrc/inductor/), a zoo of models compiled vs eager (and vs compiled on the
 CPU), forward and backward, the code cache across processes, and the clear
 errors for what is not supported.
 
-Inductor writes its code cache in a temporary directory of this module (one
-warm cache for all its tests: compiling the first kernel also precompiles
-Inductor's C++ header, the slowest step). Compile times are kept small with
-small models.
+Inductor writes its code cache in the session's temporary directory
+(conftest.py, ``inductor_cache``). Compile times are kept small with small
+models.
 """
 
 import copy
@@ -27,13 +26,8 @@ BLOCKING = os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def inductor_cache(tmp_path_factory):
-    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
-
-    directory = tmp_path_factory.mktemp("inductor_cache")
-    with temporary_cache_dir(str(directory)):
-        yield directory
-    torch._dynamo.reset()
+def _inductor_cache(inductor_cache):
+    return inductor_cache
 
 
 @pytest.fixture(autouse=True)
