@@ -359,6 +359,24 @@ def test_compiled_kernels_in_the_profiler():
     assert any(n.startswith("cpp_fused_cos_mul_sum") for n in device), device
 
 
+def test_openreg_runtime_calls_in_a_compiled_function_run_eagerly():
+    side = torch.openreg.Stream()
+
+    def fn(x):
+        y = x.sin()
+        torch.openreg.synchronize()
+        with torch.random.fork_rng(device_type="openreg"):
+            torch.manual_seed(0)
+            noise = torch.rand(x.shape, device=x.device)
+        with torch.openreg.stream(side):
+            z = y * 2
+        side.synchronize()
+        return z + noise * 0
+
+    x = torch.randn(32, device=D)
+    close(torch.compile(fn)(x), x.cpu().sin() * 2)
+
+
 # ---------------------------------------------------------------------------
 # What is not supported says so
 

@@ -65,11 +65,24 @@ def _register_inductor(_module: ModuleType | None = None) -> None:
     backend.register()
 
 
+def _skip_in_dynamo(trace_rules: ModuleType | None = None) -> None:
+    if trace_rules is None:
+        trace_rules = sys.modules["torch._dynamo.trace_rules"]
+    trace_rules.add("torch_openreg")
+
+
 # [doc:compile-install]
 def install() -> None:
-    """Registers openreg with Dynamo and Inductor when they are loaded."""
+    """Registers openreg with Dynamo and Inductor when they are loaded.
+
+    Dynamo also treats openreg's Python (``torch.openreg.synchronize``,
+    ``set_rng_state``, streams, ...) as it treats ``torch.cuda``'s runtime
+    functions: called from a compiled function, it runs eagerly (a graph
+    break) instead of being traced.
+    """
     for name, register in (
         ("torch._dynamo.device_interface", _register_dynamo),
+        ("torch._dynamo.trace_rules", _skip_in_dynamo),
         ("torch._inductor.codegen.common", _register_inductor),
     ):
         if name in sys.modules:
