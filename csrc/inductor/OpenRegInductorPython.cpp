@@ -23,7 +23,9 @@ namespace {
 // calls it: kernel(buf0, arg1_1, 128). `signature` has one letter per
 // argument: 'p' a tensor whose memory the kernel writes (and may read), 'r'
 // one it only reads, 'i' an int64 size, 'f' a float. The library that holds
-// `entry` stays loaded while this object lives.
+// `entry` stays loaded while this object lives, and after (ctypes never
+// unloads a library), so kernels still queued when the compiled graph is
+// freed keep their code.
 class CompiledKernel {
  public:
   CompiledKernel(std::string name, uintptr_t entry, std::string signature,

@@ -15,7 +15,8 @@ Importable (``run_op``; ``tests/test_compile_opinfo.py`` runs a slice) and a
 CLI for longer runs (``make compile-zoo``)::
 
     .venv/bin/python -m tests.opinfo.compiled --ops softmax,sum --limit 3
-    .venv/bin/python -m tests.opinfo.compiled --slice --report build/compile-opinfo.md
+    .venv/bin/python -m tests.opinfo.compiled --eager-slice --limit 3 --report r.md
+    .venv/bin/python -m tests.opinfo.compiled --limit 1   # every OpInfo (hours on 2 cores)
 
 The CLI keeps Inductor's code cache in a temporary directory unless
 ``TORCHINDUCTOR_CACHE_DIR`` is set.
@@ -173,6 +174,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", help="comma-separated name substrings (default: all)")
     parser.add_argument("--slice", action="store_true", help="the ops of make test")
+    parser.add_argument(
+        "--eager-slice",
+        action="store_true",
+        help="the 70 ops of tests/test_opinfo_slice.py (make compile-zoo)",
+    )
     parser.add_argument("--limit", type=int, default=3, help="samples per op and dtype")
     parser.add_argument("--dtypes", default="float32", help="e.g. float32,int64")
     parser.add_argument("--report", help="write a markdown report here")
@@ -180,6 +186,11 @@ def main(argv=None) -> int:
     torch.openreg.set_fallback_warnings(False)
     if args.slice:
         ops = harness.select_ops(SLICE, exact=True)
+    elif args.eager_slice:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from test_opinfo_slice import FLOAT_OPS
+
+        ops = harness.select_ops(FLOAT_OPS, exact=True)
     else:
         ops = harness.select_ops(args.ops.split(",") if args.ops else None)
     dtypes = harness.parse_dtypes(args.dtypes)
