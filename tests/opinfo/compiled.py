@@ -8,8 +8,9 @@ Inductor's C++ kernels use vectorized math functions and reassociate
 reductions, so they are close to the eager CPU kernels, not bit-equal).
 Eager openreg itself is compared with the CPU by ``harness.py``.
 
-Skipped, with the reason: samples eager openreg rejects, ops that draw random
-numbers or return uninitialized memory (``harness.skip_reason``).
+Skipped, with the reason: samples eager openreg rejects or cannot make (both
+reported by ``harness.py``), ops that draw random numbers or return
+uninitialized memory (``harness.skip_reason``).
 
 Importable (``run_op``; ``tests/test_compile_opinfo.py`` runs a slice) and a
 CLI for longer runs (``make compile-zoo``)::
@@ -150,8 +151,16 @@ def run_op(op, dtypes=(torch.float32,), limit=2) -> Result:
         if dtype not in op.supported_dtypes("cpu"):
             continue
         torch.manual_seed(harness.SEED)
-        for index, sample in enumerate(op.sample_inputs(harness.DEVICE, dtype)):
-            if index >= limit:
+        samples = iter(op.sample_inputs(harness.DEVICE, dtype))
+        for index in range(limit):
+            try:
+                sample = next(samples)
+            except StopIteration:
+                break
+            except Exception as exc:  # noqa: BLE001  (harness.py reports these)
+                result.skips.append(
+                    f"{dtype}: making samples on openreg: {harness.first_line(exc)}"
+                )
                 break
             status, why = check_sample(op, sample, dtype)
             if status == "skip":
