@@ -147,7 +147,7 @@ def plot(rows, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 2.8))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 2.8))
     names = [r["case"] for r in rows]
     ratios = [r["ratio"] for r in rows]
     ax1.barh(names, ratios, color=["tab:green" if r["meets_goal"] else "tab:red" for r in rows])
@@ -160,7 +160,7 @@ def plot(rows, path: Path) -> None:
     ax2.axvline(1.0, color="k", ls=":")
     for i, s in enumerate(speedups):
         ax2.text(s, i, f" {s:.2f}x", va="center")
-    ax2.set_xlabel("eager openreg / compiled openreg (speed-up)")
+    ax2.set_xlabel("speed-up: eager / compiled openreg")
     fig.suptitle("torch.compile training steps")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -1,4 +1,4 @@
-"""The Inductor backend of openreg: what a device registers to generate code.
+"""The code generators of openreg's Inductor backend (registered by ``backend.py``).
 
 Inductor needs three things per device type (``torch._inductor.codegen.common``):
 
@@ -13,7 +13,7 @@ Inductor needs three things per device type (``torch._inductor.codegen.common``)
   changes: a kernel call is a plain call of the ``_CompiledKernel`` launcher,
   and buffers are allocated on their own device (``openreg:N``);
 - *device op overrides*: the snippets the wrapper writes for device guards,
-  synchronization and the raw stream.
+  synchronization and the raw stream (``backend.py``).
 
 Inductor's C++ wrapper (``cpp_wrapper=True``) and AOTInductor would call the
 kernels directly from generated C++ with device pointers; they are refused
