@@ -17,7 +17,7 @@ CLI for longer runs (``make compile-zoo``)::
 
     .venv/bin/python -m tests.opinfo.compiled --ops softmax,sum --limit 3
     .venv/bin/python -m tests.opinfo.compiled --eager-slice --limit 3 --report r.md
-    .venv/bin/python -m tests.opinfo.compiled --limit 1   # every OpInfo (hours on 2 cores)
+    .venv/bin/python -m tests.opinfo.compiled --limit 1   # every OpInfo (about 40 min on 2 cores)
 
 The CLI keeps Inductor's code cache in a temporary directory unless
 ``TORCHINDUCTOR_CACHE_DIR`` is set.
