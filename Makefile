@@ -6,6 +6,7 @@
 #   make bench        set up, build, run the openreg/CPU benchmarks
 #   make opinfo       set up, build, the full OpInfo differential run
 #   make conformance  set up, build, print openreg's conformance report card
+#   make compile-zoo  set up, build, torch.compile vs eager over more OpInfo ops
 #   make format lint  clang-format + ruff
 #
 # Variables: BUILD_TYPE (Release), SANITIZE (e.g. address,undefined), PYTHON.
@@ -23,7 +24,7 @@ export OPENREG_BUILD_DIR := $(abspath $(BUILD_DIR))
 
 CPP_SOURCES := $(shell find runtime csrc -name '*.cpp' -o -name '*.h')
 
-.PHONY: all setup build demo test test-runtime test-runtime-asan test-python bench opinfo conformance conformance-card format lint clean
+.PHONY: all setup build demo test test-runtime test-runtime-asan test-python bench opinfo compile-zoo conformance conformance-card format lint clean
 
 all: build
 
@@ -66,6 +67,7 @@ test-runtime-asan:
 bench: build
 	$(PY) benchmarks/bench.py
 	$(PY) benchmarks/bench_distributed.py
+	$(PY) benchmarks/bench_compile.py
 
 # Every OpInfo of PyTorch's op database, every CPU dtype, forward and
 # gradients, openreg vs CPU (~6 min); report in build/opinfo-report.md.
@@ -85,6 +87,15 @@ CONFORMANCE_ENV := env -u OPENREG_DEVICE_COUNT -u OPENREG_DEVICE_MEMORY \
 conformance-card: build
 	$(CONFORMANCE_ENV) $(PY) -m torch_openreg.conformance --device openreg --quiet \
 	    --report docs/conformance-card.md > /dev/null; test $$? -le 1
+
+# torch.compile (Inductor, the openreg backend) vs eager openreg: the first 3
+# float32 samples of the 70 OpInfos of tests/test_opinfo_slice.py (about 15 min
+# on 2 cores; `make test` runs 31 of them, one sample each). Every OpInfo:
+# `$(PY) -m tests.opinfo.compiled --limit 1` (about 40 min). Report in
+# build/compile-opinfo-report.md.
+compile-zoo: build
+	mkdir -p build
+	$(PY) -m tests.opinfo.compiled --eager-slice --limit 3 --report build/compile-opinfo-report.md
 
 format: setup
 	clang-format -i $(CPP_SOURCES) $(shell find runtime/tests -name '*.cpp')

@@ -125,6 +125,25 @@ def describe(proc):
     )
 
 
+@pytest.fixture(scope="session")
+def inductor_cache_dir(tmp_path_factory):
+    """Inductor's code cache for the session's torch.compile tests, inside
+    pytest's temporary directory. One for all of them: the first compile also
+    precompiles Inductor's C++ header, the slowest step."""
+    return tmp_path_factory.mktemp("inductor_cache")
+
+
+@pytest.fixture(scope="module")
+def inductor_cache(inductor_cache_dir):
+    """Makes Inductor use ``inductor_cache_dir`` for a test module (and forget
+    its compiled graphs afterwards)."""
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    with temporary_cache_dir(str(inductor_cache_dir)):
+        yield inductor_cache_dir
+    torch._dynamo.reset()
+
+
 @pytest.fixture
 def py(tmp_path):
     """``py(code, **env)`` runs code in a subprocess inside tmp_path."""

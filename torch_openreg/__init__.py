@@ -17,6 +17,7 @@ import time
 import torch
 
 from torch_openreg import _C  # noqa: F401  (loading it registers the C++ side)
+from torch_openreg import compile as _compile
 from torch_openreg import distributed as _distributed
 from torch_openreg import ipc as _ipc
 from torch_openreg import openreg as _device_module
@@ -72,6 +73,7 @@ _register()
 _fix_dlpack_device()
 _distributed._register()
 _ipc._register()
+_compile.install()
 
 
 def _drain_at_exit() -> None:

@@ -11,11 +11,13 @@
 //    and its backward, which run the CPU flash-attention kernels on the kernel
 //    views. Results are therefore the CPU's, bit for bit. When the inputs
 //    pass the CPU kernel's checks (done on the host), the kernel is queued
-//    on the stream with results laid out as the CPU lays them out.
+//    on the stream. Results are laid out as the ops' meta functions
+//    (torch/_meta_registrations.py) lay them out: torch.compile allocates
+//    and checks them by those.
 #include <ATen/ExpandUtils.h>
 #include <ATen/OpMathType.h>
-#include <ATen/TensorOperators.h>
 #include <ATen/SDPBackend.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/native/transformers/attention.h>
@@ -25,13 +27,17 @@
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
@@ -88,9 +94,29 @@ bool flash_accepts(const at::Tensor& q, const at::Tensor& k,
   return same_shape && same_dtype && mask_ok;
 }
 
-// Queued with results laid out as the CPU kernel lays them out (output like
-// the query, logsumexp and gradients from (batch, length, heads, ...)
-// buffers), so later operators see the CPU's strides too.
+// The output as meta__scaled_dot_product_fused_attention_overrideable
+// allocates it (alloc_with_matching_layout): like the query, or with the
+// query's dimension order when the value's head size differs.
+at::Tensor like_query(const at::Tensor& query, at::IntArrayRef shape) {
+  if (query.sizes() == shape) {
+    return at::empty_like(query);
+  }
+  if (query.dim() != 4) {
+    return at::empty(shape, query.options());
+  }
+  std::array<int64_t, 4> order{0, 1, 2, 3};
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return query.stride(a) > query.stride(b);
+  });
+  std::array<int64_t, 4> strides{};
+  int64_t stride = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    strides[*it] = stride;
+    stride *= shape[*it];
+  }
+  return at::empty_strided(shape, strides, query.options());
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt,
            c10::SymInt, at::Tensor, at::Tensor, at::Tensor>
 fused_attention(const at::Tensor& query, const at::Tensor& key,
@@ -101,14 +127,14 @@ fused_attention(const at::Tensor& query, const at::Tensor& key,
   const c10::Device device = query.device();
   const c10::DeviceGuard guard(device);
   const bool has_mask = attn_bias.has_value() && attn_bias->defined();
-  at::Tensor out;
-  at::Tensor logsumexp;
+  std::vector<int64_t> out_shape = query.sizes().vec();
+  out_shape.back() = value.size(-1);
+  at::Tensor out = like_query(query, out_shape);
+  const int64_t batch = query.dim() == 4 ? query.size(0) : 1;
+  at::Tensor logsumexp =
+      at::empty({batch, query.size(-3), query.size(-2)},
+                query.options().dtype(at::toOpMathType(query.scalar_type())));
   if (flash_accepts(query, key, value, attn_bias, dropout_p)) {
-    out = at::empty_like(query);
-    logsumexp =
-        at::empty({query.size(0), query.size(2), query.size(1)},
-                  query.options().dtype(at::toOpMathType(query.scalar_type())))
-            .transpose(1, 2);
     std::optional<at::Tensor> mask;
     if (has_mask) {
       mask = borrowed_alias(*attn_bias);
@@ -132,6 +158,8 @@ fused_attention(const at::Tensor& query, const at::Tensor& key,
           views.view(lse).copy_(rl);
         });
   } else {
+    at::Tensor cpu_out;
+    at::Tensor cpu_logsumexp;
     run_sync(device.index(), [&] {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       KernelViews views;
@@ -139,13 +167,13 @@ fused_attention(const at::Tensor& query, const at::Tensor& key,
       if (has_mask) {
         mask = views.view(*attn_bias);
       }
-      std::tie(out, logsumexp) =
+      std::tie(cpu_out, cpu_logsumexp) =
           at::_scaled_dot_product_flash_attention_for_cpu(
               views.view(query), views.view(key), views.view(value), dropout_p,
               is_causal, mask, scale);
     });
-    out = copy_to_device(out, device);
-    logsumexp = copy_to_device(logsumexp, device);
+    out.copy_(cpu_out);
+    logsumexp.copy_(cpu_logsumexp.reshape(logsumexp.sizes()));
   }
   return {out,
           logsumexp,
@@ -216,16 +244,10 @@ fused_attention_backward(
           query, key, value,
           has_mask ? std::optional<at::Tensor>(attn_bias) : std::nullopt,
           dropout_p)) {
-    // The CPU kernel writes each gradient through a (batch, length, heads,
-    // head size) buffer viewed as (batch, heads, length, head size).
-    auto grad_like = [](const at::Tensor& t) {
-      return at::empty({t.size(0), t.size(2), t.size(1), t.size(3)},
-                       t.options())
-          .transpose(1, 2);
-    };
-    at::Tensor gq = grad_like(query);
-    at::Tensor gk = grad_like(key);
-    at::Tensor gv = grad_like(value);
+    // Gradients like their inputs, as the meta function allocates them.
+    at::Tensor gq = at::empty_like(query);
+    at::Tensor gk = at::empty_like(key);
+    at::Tensor gv = at::empty_like(value);
     std::optional<at::Tensor> mask;
     if (has_mask) {
       mask = borrowed_alias(attn_bias);
@@ -273,8 +295,13 @@ fused_attention_backward(
             views.view(value), views.view(out), views.view(logsumexp),
             dropout_p, is_causal, mask, scale);
   });
-  return {copy_to_device(gq, device), copy_to_device(gk, device),
-          copy_to_device(gv, device),
+  at::Tensor rq = at::empty_like(query);
+  at::Tensor rk = at::empty_like(key);
+  at::Tensor rv = at::empty_like(value);
+  rq.copy_(gq);
+  rk.copy_(gk);
+  rv.copy_(gv);
+  return {rq, rk, rv,
           grad_input_mask[3]
               ? mask_gradient(grad_out, query, key, value, attn_bias, out,
                               logsumexp, is_causal, scale)

@@ -18,6 +18,7 @@
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
 #include "distributed/OpenRegProcessGroup.h"
+#include "inductor/OpenRegInductorPython.h"
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegIpc.h"
 #include "random/OpenRegGenerator.h"
@@ -312,4 +313,5 @@ PYBIND11_MODULE(_C, m) {
             THPGenerator_initDefaultGenerator(default_generator(device)));
       },
       py::arg("device"));
+  inductor::init_python_bindings(m);
 }
