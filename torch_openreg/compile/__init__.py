@@ -68,7 +68,9 @@ def _register_inductor(_module: ModuleType | None = None) -> None:
 def _skip_in_dynamo(trace_rules: ModuleType | None = None) -> None:
     if trace_rules is None:
         trace_rules = sys.modules["torch._dynamo.trace_rules"]
-    trace_rules.add("torch_openreg")
+    # The device module (torch.openreg), as torch.cuda: the rest of the
+    # package (the conformance kit, the migration shim) is ordinary code.
+    trace_rules.add("torch_openreg.openreg")
 
 
 # [doc:compile-install]
