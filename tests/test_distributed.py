@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -507,28 +508,25 @@ t.cpu()
 """
 
 
-def test_mismatched_shapes_default_mode_abort_with_message(tmp_path):
+def test_mismatched_shapes_default_mode_abort_with_message(tmp_path, py):
     # Without the debug mode Gloo itself finds the size mismatch and aborts
     # the process with its message, exactly as for CPU tensors: an error, not
     # a hang.
-    script = tmp_path / "mismatch.py"
-    script.write_text(MISMATCH_SCRIPT.format(init=f"file://{tmp_path}/init"))
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OPENREG_FALLBACK_WARNINGS="0")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script)],
-            env=dict(env, RANK=str(r)),
-            stderr=subprocess.PIPE,
-            text=True,
+    script = MISMATCH_SCRIPT.format(init=f"file://{tmp_path}/init")
+    with ThreadPoolExecutor(2) as pool:  # the two ranks run at the same time
+        procs = list(
+            pool.map(
+                lambda r: py(
+                    script,
+                    GLOO_SOCKET_IFNAME="lo",
+                    OPENREG_FALLBACK_WARNINGS="0",
+                    RANK=str(r),
+                ),
+                range(2),
+            )
         )
-        for r in range(2)
-    ]
-    try:
-        errs = [p.communicate(timeout=120)[1] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
     assert all(p.returncode != 0 for p in procs)
+    errs = [p.stderr for p in procs]
     assert any("collective mismatch" in e for e in errs), errs
 
 
