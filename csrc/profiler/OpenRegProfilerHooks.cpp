@@ -1,5 +1,11 @@
 // The hooks of OpenRegProfiler.h: each execution path records its device
 // work in the collector while a session records.
+//
+// SIMULATOR ONLY: the device side of a record is timed by reading the host
+// clock on the stream's worker (a wrapper around each queued kernel, and the
+// timestamp kernels queued around each copy). A real device's profiler takes
+// these times from the driver's activity records (CUPTI's role) and keeps
+// only the host side here.
 #include <memory>
 
 #include "core/OpenRegStream.h"
