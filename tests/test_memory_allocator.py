@@ -102,9 +102,9 @@ def test_record_stream_delays_reuse_while_the_other_stream_is_busy():
     x = torch.empty(MiB, dtype=torch.uint8, device=DEV)
     ptr = x.data_ptr()
     with torch.openreg.stream(side):
-        dst = torch.empty(64 * MiB, dtype=torch.uint8, device=DEV)
-        dst.copy_(big, non_blocking=True)  # keeps the side stream busy
         x.add_(1)  # x is used on the side stream
+        dst = torch.empty(64 * MiB, dtype=torch.uint8, device=DEV)
+        dst.copy_(big, non_blocking=True)  # keeps the side stream busy after it
     x.record_stream(side)
     assert not side.query(), "a 64 MiB copy finished before the host returned"
     del x
