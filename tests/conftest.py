@@ -104,21 +104,25 @@ def clean_env(**overrides):
     return env
 
 
-def run_python(code, cwd=None, env=None, timeout=120):
-    """Runs ``code`` (dedented) in a fresh interpreter: the one way tests start one.
+def run_python(code, cwd=None, env=None, timeout=120, args=()):
+    """Runs a fresh interpreter: the one way tests start one.
 
-    The child gets clean_env(**env) and runs in ``cwd`` (the test's tmp_path,
-    through the ``py`` fixture), or else in a temporary directory removed
-    afterwards, so it writes nothing elsewhere. ``__name__`` is
-    ``"__main__"`` in the child. Returns the CompletedProcess (text mode,
-    stdout/stderr captured); a child still running after ``timeout`` seconds
-    is killed and raises subprocess.TimeoutExpired.
+    ``python -c code`` (dedented; ``__name__`` is ``"__main__"``), with
+    ``args`` as its ``sys.argv[1:]``; or, when ``code`` is None, ``python``
+    with ``args`` alone (a script and its arguments, or ``-m module ...``).
+    The child gets clean_env(**env) and runs in ``cwd`` (the test's
+    tmp_path, through the ``py`` fixture), or else in a temporary directory
+    removed afterwards, so it writes nothing elsewhere. Returns the
+    CompletedProcess (text mode, stdout/stderr captured); a child still
+    running after ``timeout`` seconds is killed and raises
+    subprocess.TimeoutExpired.
     """
     if cwd is None:
         with tempfile.TemporaryDirectory() as tmp:
-            return run_python(code, cwd=tmp, env=env, timeout=timeout)
+            return run_python(code, cwd=tmp, env=env, timeout=timeout, args=args)
+    command = [sys.executable] if code is None else [sys.executable, "-c", textwrap.dedent(code)]
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [*command, *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -157,10 +161,10 @@ def inductor_cache(inductor_cache_dir):
 
 @pytest.fixture
 def py(tmp_path):
-    """``py(code, **env)`` runs code in a subprocess inside tmp_path."""
+    """``py(code, **env)`` runs code in a subprocess inside tmp_path (see run_python)."""
 
-    def run(code, timeout=120, **env):
-        return run_python(code, cwd=tmp_path, env=env, timeout=timeout)
+    def run(code, timeout=120, args=(), **env):
+        return run_python(code, cwd=tmp_path, env=env, timeout=timeout, args=args)
 
     return run
 
