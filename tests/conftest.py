@@ -104,12 +104,14 @@ def clean_env(**overrides):
     return env
 
 
-def run_python(code, cwd=None, env=None, timeout=120, args=()):
+def run_python(code, cwd=None, env=None, timeout=120, args=(), launcher=()):
     """Runs a fresh interpreter: the one way tests start one.
 
     ``python -c code`` (dedented; ``__name__`` is ``"__main__"``), with
     ``args`` as its ``sys.argv[1:]``; or, when ``code`` is None, ``python``
     with ``args`` alone (a script and its arguments, or ``-m module ...``).
+    ``launcher`` is a command that runs the interpreter (for instance
+    ``unshare --net ...``).
     The child gets clean_env(**env) and runs in ``cwd`` (the test's
     tmp_path, through the ``py`` fixture), or else in a temporary directory
     removed afterwards, so it writes nothing elsewhere. Returns the
@@ -119,10 +121,10 @@ def run_python(code, cwd=None, env=None, timeout=120, args=()):
     """
     if cwd is None:
         with tempfile.TemporaryDirectory() as tmp:
-            return run_python(code, cwd=tmp, env=env, timeout=timeout, args=args)
+            return run_python(code, tmp, env, timeout, args, launcher)
     command = [sys.executable] if code is None else [sys.executable, "-c", textwrap.dedent(code)]
     return subprocess.run(
-        [*command, *map(str, args)],
+        [*launcher, *command, *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -163,8 +165,8 @@ def inductor_cache(inductor_cache_dir):
 def py(tmp_path):
     """``py(code, **env)`` runs code in a subprocess inside tmp_path (see run_python)."""
 
-    def run(code, timeout=120, args=(), **env):
-        return run_python(code, cwd=tmp_path, env=env, timeout=timeout, args=args)
+    def run(code, timeout=120, args=(), launcher=(), **env):
+        return run_python(code, tmp_path, env, timeout, args, launcher)
 
     return run
 
