@@ -1,23 +1,30 @@
 """Shared fixtures and helpers for the openreg test suite.
 
 The suite runs against the default simulated machine (2 devices, 4 GiB
-each): the OPENREG_* variables are removed from the environment before torch
-is imported, so a developer's shell settings cannot change the results.
-Tests that need another configuration start a subprocess (``run_python``).
+each) and the default allocator options: the OPENREG_* variables and the
+settings below are removed from the environment before torch is imported, so
+a developer's shell settings cannot change the results.
+Tests that need another configuration start a subprocess: ``run_python``
+(or the ``py`` fixture around it) is the only way the suite starts one.
 """
 
 import gc
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
-# Must happen before the runtime reads its configuration (first device use).
+# Environment settings that change what the tests see, besides OPENREG_*.
+_SETTINGS = ("TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+# Must happen before the runtime (or c10's allocator configuration) reads
+# them.
 for _var in (
+    *_SETTINGS,
     "OPENREG_DEVICE_COUNT",
     "OPENREG_DEVICE_MEMORY",
     "OPENREG_CUDA_SHIM",  # the CUDA migration shim only ever runs in subprocesses
-    "TORCH_DEVICE_BACKEND_AUTOLOAD",
 ):
     os.environ.pop(_var, None)
 # The suite compares warnings with the CPU's; the fallback's own
@@ -38,8 +45,6 @@ DEFAULT_TIMEOUT_S = 180
 
 
 def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.hasplugin("timeout"):
-        return
     for item in items:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT_S))
@@ -84,14 +89,12 @@ def _isolate_test(request):
 
 
 def clean_env(**overrides):
-    """The current environment without OPENREG_* / autoload settings, plus overrides.
+    """The current environment without OPENREG_* and _SETTINGS, plus overrides.
 
     An override of None removes the variable.
     """
     env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("OPENREG_") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"
+        k: v for k, v in os.environ.items() if not k.startswith("OPENREG_") and k not in _SETTINGS
     }
     for key, value in overrides.items():
         if value is None:
@@ -101,13 +104,27 @@ def clean_env(**overrides):
     return env
 
 
-def run_python(code, cwd, env=None, timeout=120):
-    """Runs ``code`` in a fresh interpreter (cwd: a temporary directory).
+def run_python(code, cwd=None, env=None, timeout=120, args=(), launcher=()):
+    """Runs a fresh interpreter: the one way tests start one.
 
-    Returns the CompletedProcess (text mode, stdout/stderr captured).
+    ``python -c code`` (dedented; ``__name__`` is ``"__main__"``), with
+    ``args`` as its ``sys.argv[1:]``; or, when ``code`` is None, ``python``
+    with ``args`` alone (a script and its arguments, or ``-m module ...``).
+    ``launcher`` is a command that runs the interpreter (for instance
+    ``unshare --net ...``).
+    The child gets clean_env(**env) and runs in ``cwd`` (the test's
+    tmp_path, through the ``py`` fixture), or else in a temporary directory
+    removed afterwards, so it writes nothing elsewhere. Returns the
+    CompletedProcess (text mode, stdout/stderr captured); a child still
+    running after ``timeout`` seconds is killed and raises
+    subprocess.TimeoutExpired.
     """
+    if cwd is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            return run_python(code, tmp, env, timeout, args, launcher)
+    command = [sys.executable] if code is None else [sys.executable, "-c", textwrap.dedent(code)]
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [*launcher, *command, *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -146,10 +163,10 @@ def inductor_cache(inductor_cache_dir):
 
 @pytest.fixture
 def py(tmp_path):
-    """``py(code, **env)`` runs code in a subprocess inside tmp_path."""
+    """``py(code, **env)`` runs code in a subprocess inside tmp_path (see run_python)."""
 
-    def run(code, timeout=120, **env):
-        return run_python(code, cwd=tmp_path, env=env, timeout=timeout)
+    def run(code, timeout=120, args=(), launcher=(), **env):
+        return run_python(code, tmp_path, env, timeout, args, launcher)
 
     return run
 

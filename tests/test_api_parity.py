@@ -8,12 +8,7 @@ Rows without a counterpart are checked to be absent from torch.openreg.
 
 import gc
 import inspect
-import os
 import pickle
-import subprocess
-import sys
-import tempfile
-import textwrap
 import types
 import warnings
 from multiprocessing.reduction import ForkingPickler
@@ -21,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_python
 
 from torch_openreg import api_parity as table
 
@@ -164,20 +160,6 @@ def test_submodules_hold_their_counterparts(cuda_module, ours):
 # Behaviour: one check per counterpart row
 
 
-def _run_child(code: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENREG_")}
-    env["OPENREG_FALLBACK_WARNINGS"] = "0"
-    with tempfile.TemporaryDirectory() as cwd:
-        return subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(code)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=cwd,
-            env=env,
-        )
-
-
 def _check_is_available():
     assert openreg.is_available() is True
     assert openreg.is_available() == (openreg.device_count() > 0)
@@ -191,7 +173,7 @@ def _check_device_count():
 def _check_init():
     openreg.init()
     assert openreg.is_initialized()
-    proc = _run_child(
+    proc = run_python(
         """
         import torch
         assert not torch.openreg.is_initialized()
@@ -333,7 +315,7 @@ def _check_default_generators():
     gens[1].manual_seed(1234)
     assert torch.equal(torch.randn(8, device="openreg:1").cpu(), a)
     # Before initialisation it is empty, as torch.cuda's.
-    proc = _run_child(
+    proc = run_python(
         """
         import torch
         print(torch.openreg.default_generators)
@@ -346,7 +328,7 @@ def _check_default_generators():
 
 def _check_DeferredCudaCallError():
     assert issubclass(openreg.DeferredOpenRegCallError, Exception)
-    proc = _run_child(
+    proc = run_python(
         """
         import torch
         torch.openreg.set_rng_state(torch.zeros(3, dtype=torch.uint8))  # queued: bad size
@@ -1054,13 +1036,10 @@ def test_counterpart_behaves_like_torch_cuda(row):
 
 
 def _accelerator_names():
-    names = set(torch.accelerator.__all__)
-    memory = getattr(torch.accelerator, "memory", None)
-    if memory is not None:
-        names |= set(memory.__all__)
-        for name in memory.__all__:
-            assert getattr(torch.accelerator, name) is getattr(memory, name)
-    return names
+    memory = torch.accelerator.memory
+    for name in memory.__all__:
+        assert getattr(torch.accelerator, name) is getattr(memory, name)
+    return set(torch.accelerator.__all__) | set(memory.__all__)
 
 
 def test_accelerator_table_lists_the_whole_api():

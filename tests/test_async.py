@@ -2,14 +2,11 @@
 synchronization points wait, and results equal the CPU's."""
 
 import os
-import subprocess
-import sys
-import textwrap
 import time
 
 import pytest
 import torch
-from conftest import clean_env
+from conftest import describe
 
 D = "openreg"
 
@@ -121,18 +118,6 @@ def test_accelerator_stream_functions():
     assert s.query()
 
 
-def _run(code, **env):
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=clean_env(**env),
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
 PROGRAM = """
 import torch
 torch.manual_seed(0)
@@ -151,16 +136,18 @@ print(repr(y.sum().item()), repr(x.cpu().double().sum().item()))
 
 
 @pytest.mark.parametrize("blocking", ["0", "1"])
-def test_launch_blocking_gives_the_same_results(blocking):
-    cpu = _run(
+def test_launch_blocking_gives_the_same_results(py, blocking):
+    cpu = py(
         PROGRAM.replace('.to("openreg")', "")
         .replace("torch.openreg.Stream()", "None")
         .replace("side.wait_stream(torch.openreg.current_stream())", "")
         .replace("with torch.openreg.stream(side):", "if True:")
         .replace("torch.openreg.current_stream().wait_stream(side)", "")
     )
-    dev = _run(PROGRAM, OPENREG_LAUNCH_BLOCKING=blocking)
-    assert dev == cpu
+    dev = py(PROGRAM, OPENREG_LAUNCH_BLOCKING=blocking)
+    assert cpu.returncode == 0, describe(cpu)
+    assert dev.returncode == 0, describe(dev)
+    assert dev.stdout == cpu.stdout
 
 
 @pytest.mark.skipif(

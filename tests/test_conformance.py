@@ -14,13 +14,11 @@ import ast
 import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, describe, run_python
+from conftest import describe, run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 KIT = ROOT / "torch_openreg" / "conformance"
@@ -35,13 +33,12 @@ RESULT_RE = re.compile(r"^- (passed|\*\*FAILED\*\*|skipped) `([\w.]+)`: ")
 
 
 def kit_env(**overrides):
-    """The test environment for the kit's process, keeping the launch mode."""
-    settings = {
+    """The settings of the kit's process (for run_python), keeping the launch mode."""
+    return {
         "OPENREG_LAUNCH_BLOCKING": os.environ.get("OPENREG_LAUNCH_BLOCKING"),
         "OPENREG_FALLBACK_WARNINGS": 0,
         **overrides,
     }
-    return clean_env(**settings)
 
 
 def run_kit(tmp_path, *args, prelude="", env=None, timeout=170):
@@ -54,14 +51,7 @@ def run_kit(tmp_path, *args, prelude="", env=None, timeout=170):
         sys.exit(main({["--device", "openreg", "--quiet", "--report", str(report), *args]!r}))
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=str(tmp_path),
-        env=env or kit_env(),
-    )
+    proc = run_python(code, tmp_path, env=env or kit_env(), timeout=timeout)
     card = report.read_text(encoding="utf-8") if report.exists() else ""
     return proc, card
 
@@ -217,14 +207,8 @@ def broken_variants(tmp_path_factory):
     spec = json.dumps([[name, topics, prelude] for name, topics, prelude, _ in BROKEN])
     # Asynchronous execution is what makes an early return observable.
     env = kit_env(OPENREG_LAUNCH_BLOCKING=None)
-    proc = subprocess.run(
-        [sys.executable, "-c", VARIANTS_PROGRAM, spec],
-        capture_output=True,
-        text=True,
-        timeout=170,
-        cwd=str(tmp_path_factory.mktemp("variants")),
-        env=env,
-    )
+    cwd = tmp_path_factory.mktemp("variants")
+    proc = run_python(VARIANTS_PROGRAM, cwd, env=env, timeout=170, args=[spec])
     line = next((x for x in proc.stdout.splitlines() if x.startswith("@@variants@@")), None)
     assert line is not None, describe(proc)
     return json.loads(line[len("@@variants@@") :])
@@ -296,24 +280,13 @@ def test_runs_as_a_standalone_package(tmp_path):
         PYTHONPATH=str(ROOT / "torch_openreg"),
         TORCH_DEVICE_BACKEND_AUTOLOAD=0,
     )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "conformance",
-            "--device",
-            "openreg",
-            "--import",
-            "torch_openreg",
-            "--only",
-            "accelerator",
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=170,
-        cwd=str(tmp_path),
+    proc = run_python(
+        None,
+        tmp_path,
         env=env,
+        timeout=170,
+        args=["-m", "conformance", "--device", "openreg", "--import", "torch_openreg"]
+        + ["--only", "accelerator", "--quiet"],
     )
     assert proc.returncode == 0, describe(proc)
     assert "# Conformance report card: `openreg`" in proc.stdout

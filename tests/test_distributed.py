@@ -8,9 +8,8 @@ plain Gloo in the same process group.
 
 import os
 import shutil
-import subprocess
-import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -399,32 +398,28 @@ os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *sys.ar
 """
 
 
-def _unshare_net() -> list[str]:
+def _unshare_net(py) -> list[str]:
     cmd = ["unshare", "--net", "--map-root-user"]
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare (util-linux) to keep torchrun's stores off the network")
-    probe = subprocess.run([*cmd, "true"], capture_output=True, text=True, timeout=30)
+    probe = py("pass", timeout=30, launcher=cmd)
     if probe.returncode != 0:
         pytest.skip(f"cannot create a network namespace here: {probe.stderr.strip()}")
     return cmd
 
 
-def test_torchrun_trains_with_ddp(tmp_path):
+def test_torchrun_trains_with_ddp(tmp_path, py):
     script = tmp_path / "train.py"
     tests = os.path.dirname(os.path.abspath(__file__))
     script.write_text(TRAIN_SCRIPT.format(tests=tests, out=str(tmp_path)))
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OPENREG_FALLBACK_WARNINGS="0")
-    cmd = [
-        *_unshare_net(),
-        sys.executable,
-        "-c",
+    proc = py(
         TORCHRUN_IN_NETNS,
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(script),
-    ]
-    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=170)
+        timeout=170,
+        launcher=_unshare_net(py),
+        args=["--standalone", "--nproc-per-node", "2", script],
+        GLOO_SOCKET_IFNAME="lo",
+        OPENREG_FALLBACK_WARNINGS="0",
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     ref = _reference()
     for r in range(2):
@@ -507,28 +502,25 @@ t.cpu()
 """
 
 
-def test_mismatched_shapes_default_mode_abort_with_message(tmp_path):
+def test_mismatched_shapes_default_mode_abort_with_message(tmp_path, py):
     # Without the debug mode Gloo itself finds the size mismatch and aborts
     # the process with its message, exactly as for CPU tensors: an error, not
     # a hang.
-    script = tmp_path / "mismatch.py"
-    script.write_text(MISMATCH_SCRIPT.format(init=f"file://{tmp_path}/init"))
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OPENREG_FALLBACK_WARNINGS="0")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script)],
-            env=dict(env, RANK=str(r)),
-            stderr=subprocess.PIPE,
-            text=True,
+    script = MISMATCH_SCRIPT.format(init=f"file://{tmp_path}/init")
+    with ThreadPoolExecutor(2) as pool:  # the two ranks run at the same time
+        procs = list(
+            pool.map(
+                lambda r: py(
+                    script,
+                    GLOO_SOCKET_IFNAME="lo",
+                    OPENREG_FALLBACK_WARNINGS="0",
+                    RANK=str(r),
+                ),
+                range(2),
+            )
         )
-        for r in range(2)
-    ]
-    try:
-        errs = [p.communicate(timeout=120)[1] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
     assert all(p.returncode != 0 for p in procs)
+    errs = [p.stderr for p in procs]
     assert any("collective mismatch" in e for e in errs), errs
 
 

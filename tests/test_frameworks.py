@@ -8,13 +8,11 @@ framework is not installed (``pip install -e .[lightning,hf]``).
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import clean_env, describe
+from conftest import describe, run_python
 
 SCRIPTS = Path(__file__).resolve().parent / "framework_scripts"
 
@@ -26,13 +24,12 @@ def needs(*modules):
 
 def run_script(name, tmp_path, *args, timeout=170, **env):
     out = tmp_path / f"{name}.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / name), str(out), *map(str, args)],
-        capture_output=True,
-        text=True,
+    proc = run_python(
+        None,
+        tmp_path,
+        env={"OPENREG_FALLBACK_WARNINGS": 0, **env},
         timeout=timeout,
-        cwd=str(tmp_path),
-        env=clean_env(OPENREG_FALLBACK_WARNINGS=0, **env),
+        args=[SCRIPTS / name, out, *args],
     )
     assert proc.returncode == 0, describe(proc)
     return json.loads(out.read_text())

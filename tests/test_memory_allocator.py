@@ -1,18 +1,17 @@
 """The caching device allocator and the pinned host allocator.
 
 Statistics are checked exactly for known allocation sequences; the policy they
-follow is documented at the top of csrc/memory/OpenRegCachingAllocator.cpp.
+follow is documented at the top of csrc/memory/OpenRegAllocatorPolicy.h, the
+cache in csrc/memory/OpenRegDeviceCache.h.
 """
 
 import os
 import random
-import subprocess
-import sys
-import textwrap
 import threading
 
 import pytest
 import torch
+from conftest import describe
 
 DEV = "openreg"
 KiB, MiB = 1024, 1024 * 1024
@@ -31,17 +30,6 @@ def clean_allocator():
 
 def stat(key, device=0):
     return torch.openreg.memory_stats(device)[key]
-
-
-def run_python(code, **env):
-    full_env = dict(os.environ, **env)
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=full_env,
-    )
 
 
 def test_exact_statistics_for_a_known_sequence():
@@ -105,35 +93,45 @@ def test_split_blocks_merge_and_allocations_do_not_overlap():
     assert stat("segment.all.current") == 1
 
 
-def test_record_stream_delays_reuse_on_another_stream():
-    side = torch.openreg.Stream() if hasattr(torch.openreg, "Stream") else torch.Stream(DEV)
+@pytest.mark.skipif(
+    os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1", reason="copies wait in blocking mode"
+)
+def test_record_stream_delays_reuse_while_the_other_stream_is_busy():
+    side = torch.openreg.Stream()
     big = torch.ones(64 * MiB, dtype=torch.uint8).pin_memory()
     x = torch.empty(MiB, dtype=torch.uint8, device=DEV)
     ptr = x.data_ptr()
-    with torch.accelerator.device_index(0):
-        prev = torch.accelerator.current_stream()
-        torch.accelerator.set_stream(side)
-        # Keep the side stream busy with an asynchronous pinned copy, and use x there.
+    with torch.openreg.stream(side):
+        x.add_(1)  # x is used on the side stream
         dst = torch.empty(64 * MiB, dtype=torch.uint8, device=DEV)
-        torch.accelerator.set_stream(prev)
-    dst_ptr = dst.data_ptr()
-    torch.accelerator.set_stream(side)
-    dst.copy_(big, non_blocking=True)
-    torch.accelerator.set_stream(prev)
+        dst.copy_(big, non_blocking=True)  # keeps the side stream busy after it
     x.record_stream(side)
-    busy = not side.query()
+    assert not side.query(), "a 64 MiB copy finished before the host returned"
     del x
+    # The side stream has not passed its use of x: the block must wait.
     y = torch.empty(MiB, dtype=torch.uint8, device=DEV)
-    if busy:
-        # The side stream has not passed its use of x: the block must wait.
-        assert y.data_ptr() != ptr
+    assert y.data_ptr() != ptr
+    assert stat("active.all.current") == 3  # dst, y, and x's pending free
     side.synchronize()
     del y
     z = torch.empty(MiB, dtype=torch.uint8, device=DEV)
     w = torch.empty(MiB, dtype=torch.uint8, device=DEV)
     assert ptr in (z.data_ptr(), w.data_ptr())
     assert dst.cpu().eq(1).all()
-    assert dst.data_ptr() == dst_ptr
+
+
+def test_record_stream_block_returns_once_the_other_stream_passed_it():
+    side = torch.openreg.Stream()
+    x = torch.empty(MiB, dtype=torch.uint8, device=DEV)
+    ptr = x.data_ptr()
+    with torch.openreg.stream(side):
+        x.fill_(7)
+    x.record_stream(side)
+    del x  # records an event on the side stream
+    side.synchronize()  # the event has completed: the block is free again
+    y = torch.empty(MiB, dtype=torch.uint8, device=DEV)
+    assert y.data_ptr() == ptr
+    assert stat("active.all.current") == 1
 
 
 def test_record_stream_rejects_a_stream_of_another_device():
@@ -243,8 +241,8 @@ def test_eight_threads_on_two_devices():
         assert torch.openreg.memory_allocated(d) == 0
 
 
-def test_oom_raised_and_recovered_100_times():
-    result = run_python(
+def test_oom_raised_and_recovered_100_times(py):
+    result = py(
         """
         import torch
         MiB = 2**20
@@ -264,7 +262,7 @@ def test_oom_raised_and_recovered_100_times():
         """,
         OPENREG_DEVICE_MEMORY="64M",
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, describe(result)
     first, msg = result.stdout.strip().split("\n", 1)
     assert first.split() == ["100", "100", str(8 * 2**20)]
     assert "Tried to allocate 100.00 MiB" in msg
@@ -285,3 +283,250 @@ def test_pinned_host_allocator_caches_and_counts():
     d = y.to(DEV, non_blocking=True)
     torch.openreg.synchronize()
     assert d.cpu().eq(0).all()
+
+
+# ---------------------------------------------------------------------------
+# PYTORCH_ALLOC_CONF. c10 parses the options every accelerator shares, from
+# the variable at start-up or from torch._C._accelerator_setAllocatorSettings
+# later (what torch.cuda.memory._set_allocator_settings calls); openreg gives
+# them the meaning CUDA's caching allocator gives them (the torch.cuda notes,
+# "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF") and rejects what it
+# cannot do. Most cases set the options at run time, in this process; the
+# variable itself is read in fresh processes.
+
+
+@pytest.fixture
+def alloc_conf():
+    """``alloc_conf(settings)`` sets the allocator options until the test ends."""
+
+    def apply(settings):
+        torch.openreg.synchronize()
+        torch.openreg.empty_cache()
+        torch._C._accelerator_setAllocatorSettings(settings)
+
+    yield apply
+    apply("")
+    torch.openreg.set_per_process_memory_fraction(1.0)
+
+
+def allocated_for(n):
+    x = torch.empty(n, dtype=torch.uint8, device=DEV)
+    size = torch.openreg.memory_allocated()
+    del x
+    return size
+
+
+ROUNDING_SIZES = (1200 * KiB, 5 * MiB + 1, 4 * MiB, 1200)
+
+
+def test_conf_roundup_power2_divisions(alloc_conf):
+    assert [allocated_for(n) for n in ROUNDING_SIZES] == [1200 * KiB, 5 * MiB + 512, 4 * MiB, 1536]
+    # CUDA's example: with 4 divisions, 1200 lies between 1024 and 2048,
+    # whose divisions are 1024, 1280, 1536, 1792: it is rounded up to 1280.
+    # Powers of two stay; sizes up to 512 bytes * divisions keep the
+    # 512-byte rounding.
+    alloc_conf("roundup_power2_divisions:4")
+    assert [allocated_for(n) for n in ROUNDING_SIZES] == [1280 * KiB, 6 * MiB, 4 * MiB, 1536]
+    # The list form: c10's table, which CUDA's allocator reads too, gives the
+    # entry "B:N" to the sizes from B MB up to the next boundary, and ">:N"
+    # to the sizes above the last one; sizes below the first boundary get
+    # its N.
+    alloc_conf("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]")
+    assert [allocated_for(n) for n in (300 * MiB + 1, 600 * MiB + 1, 1200 * KiB)] == [
+        300 * MiB + 512,  # [256, 512) MB: 1 division, no power-of-two rounding
+        768 * MiB,  # [512, 1024) MB: 2 divisions of 512 MiB
+        1200 * KiB,
+    ]
+
+
+def test_conf_max_split_size_mb_keeps_oversize_blocks_whole(alloc_conf):
+    def sequence():
+        a = torch.empty(50 * MiB, dtype=torch.uint8, device=DEV)
+        out = {
+            "oversize": [stat("oversize_allocations.current"), stat("oversize_segments.current")],
+            "max_split_size": stat("max_split_size"),
+        }
+        del a
+        out["oversize_freed"] = [
+            stat("oversize_allocations.current"),
+            stat("oversize_segments.current"),
+        ]
+        b = torch.empty(30 * MiB, dtype=torch.uint8, device=DEV)
+        out["reserved_b"] = torch.openreg.memory_reserved()
+        c = torch.empty(45 * MiB, dtype=torch.uint8, device=DEV)
+        out["reserved_c"] = torch.openreg.memory_reserved()
+        out["allocated_c"] = torch.openreg.memory_allocated()
+        del b, c
+        return out
+
+    # Without the option every block may be split: 30 MiB comes out of the
+    # cached 50 MiB segment, and the unset limit is reported as -1 (CUDA's
+    # SIZE_MAX as int64).
+    assert sequence() == {
+        "oversize": [0, 0],
+        "max_split_size": -1,
+        "oversize_freed": [0, 0],
+        "reserved_b": 50 * MiB,
+        "reserved_c": 50 * MiB + 46 * MiB,
+        "allocated_c": 30 * MiB + 46 * MiB,
+    }
+    alloc_conf("max_split_size_mb:40")
+    # 50 MiB is oversize (at least 40 MiB); 30 MiB may not split it; 45 MiB
+    # takes it whole, since it exceeds the request by less than
+    # max_non_split_rounding_mb (20 MiB by default).
+    assert sequence() == {
+        "oversize": [1, 1],
+        "max_split_size": 40 * MiB,
+        "oversize_freed": [0, 1],
+        "reserved_b": 80 * MiB,
+        "reserved_c": 80 * MiB,
+        "allocated_c": 30 * MiB + 50 * MiB,
+    }
+    alloc_conf("max_split_size_mb:40,max_non_split_rounding_mb:20")
+    a = torch.empty(70 * MiB, dtype=torch.uint8, device=DEV)
+    del a
+    b = torch.empty(45 * MiB, dtype=torch.uint8, device=DEV)  # 70 - 45 >= 20: a new segment
+    assert torch.openreg.memory_reserved() == 70 * MiB + 46 * MiB
+    del b
+
+
+def test_conf_max_split_size_mb_frees_oversize_blocks_before_the_whole_cache(alloc_conf):
+    alloc_conf("max_split_size_mb:40")
+    torch.openreg.set_per_process_memory_fraction(100 / 4096)  # 100 MiB
+    small = torch.empty(1000, dtype=torch.uint8, device=DEV)  # a 2 MiB segment
+    del small
+    a = torch.empty(80 * MiB, dtype=torch.uint8, device=DEV)  # oversize
+    del a
+    # 30 MiB may not split the cached 80 MiB block, and 80 + 2 + 30 MiB do
+    # not fit in 100 MiB: the oversize block is freed, the small segment kept,
+    # and nothing counts as a retry (CUDA counts only the release of the
+    # whole cache).
+    b = torch.empty(30 * MiB, dtype=torch.uint8, device=DEV)
+    assert torch.openreg.memory_reserved() == 32 * MiB
+    assert [stat("num_device_free"), stat("num_alloc_retries"), stat("num_ooms")] == [1, 0, 0]
+    del b
+
+
+GC_PROGRAM = """
+a, b, c = empty(30 * MiB), empty(30 * MiB), empty(30 * MiB)
+f = empty(10 * MiB)
+a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
+del a, f
+for _ in range(5):  # served by f's 10 MiB block: a gets older
+    f = empty(10 * MiB)
+    del f
+del b
+# 40 MiB fits no cached block, and 100 MiB are reserved.
+d = empty(40 * MiB)
+segments = {s["address"] for s in torch.openreg.memory_snapshot() if s["device"] == 0}
+result = [torch.openreg.memory_reserved(), stat("num_device_free"),
+          stat("num_alloc_retries"), a_ptr in segments, b_ptr in segments]
+del c, d
+"""
+
+
+def run_gc_program():
+    scope = {
+        "torch": torch,
+        "MiB": MiB,
+        "stat": stat,
+        "empty": lambda n: torch.empty(n, dtype=torch.uint8, device=DEV),
+    }
+    exec(GC_PROGRAM, scope)
+    return scope["result"]
+
+
+def test_conf_garbage_collection_threshold_frees_the_oldest_cached_blocks(alloc_conf):
+    torch.openreg.set_per_process_memory_fraction(128 / 4096)  # 128 MiB
+    # Without it the new segment does not fit the limit: the whole cache is
+    # freed after draining the device, and the allocation retried.
+    assert run_gc_program()[:3] == [70 * MiB, 3, 1]
+    torch.openreg.empty_cache()
+    torch.openreg.reset_accumulated_memory_stats()
+    # Above 0.6 * 128 MiB reserved, the free whole blocks at least as old as
+    # the average (counted in searches of their pool) go first, until
+    # 100 - 76.8 MiB are back: only a, not the younger b or f.
+    alloc_conf("garbage_collection_threshold:0.6")
+    assert run_gc_program() == [110 * MiB, 1, 0, False, True]
+
+
+def test_conf_garbage_collection_threshold_needs_a_memory_fraction(py):
+    # As on CUDA the threshold is a fraction of the per-process limit: without
+    # set_per_process_memory_fraction nothing is collected (fresh process:
+    # the fraction of this one has been set).
+    program = "\n".join(
+        [
+            "import torch",
+            "MiB = 2**20",
+            "stat = lambda key: torch.openreg.memory_stats()[key]",
+            'empty = lambda n: torch.empty(n, dtype=torch.uint8, device="openreg")',
+            GC_PROGRAM,
+            "print(result)",
+        ]
+    )
+    proc = py(program, PYTORCH_ALLOC_CONF="garbage_collection_threshold:0.6")
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.split("\n")[-2] == str([140 * MiB, 0, 0, True, True])
+
+
+def test_conf_large_segment_size_mb(alloc_conf):
+    x = torch.empty(3 * MiB, dtype=torch.uint8, device=DEV)
+    assert torch.openreg.memory_reserved() == 20 * MiB
+    del x
+    alloc_conf("large_segment_size_mb:40")
+    x = torch.empty(3 * MiB, dtype=torch.uint8, device=DEV)
+    assert torch.openreg.memory_reserved() == 40 * MiB
+    del x
+
+
+def test_conf_pinned_max_cached_size_mb_is_honoured_by_the_host_allocator(alloc_conf):
+    def pin_and_free():
+        before = torch.openreg.host_memory_stats()["num_host_free"]
+        x = torch.ones(4 * MiB, dtype=torch.uint8).pin_memory()
+        del x
+        return torch.openreg.host_memory_stats()["num_host_free"] - before
+
+    assert pin_and_free() == 0  # cached
+    alloc_conf("pinned_max_cached_size_mb:1")
+    assert pin_and_free() == 1  # above the limit: freed at once
+
+
+@pytest.mark.parametrize(
+    ("settings", "error", "message"),
+    [
+        # openreg's runtime cannot grow a segment in place.
+        ("expandable_segments:True", NotImplementedError, "expandable_segments:True"),
+        # A key no allocator knows is a mistake, as on CUDA.
+        ("max_split_size_mbb:100", ValueError, "'max_split_size_mbb'"),
+        # CUDA's own backend choice means nothing here.
+        ("backend:cudaMallocAsync", ValueError, "'backend'"),
+    ],
+)
+def test_conf_options_openreg_cannot_honour_are_rejected(alloc_conf, settings, error, message):
+    alloc_conf(settings)
+    # Checked where a segment is made, where CUDA reads expandable_segments.
+    with pytest.raises(error, match=message):
+        torch.empty(MiB, dtype=torch.uint8, device=DEV)
+    alloc_conf("expandable_segments:False")  # asks for nothing: accepted
+    x = torch.empty(MiB, dtype=torch.uint8, device=DEV)
+    del x
+
+
+def test_conf_is_read_from_the_environment(py):
+    code = """
+    import torch
+    try:
+        x = torch.empty(1200 * 1024, dtype=torch.uint8, device="openreg")
+        print(torch.openreg.memory_allocated(), torch.openreg.memory_reserved())
+    except Exception as e:
+        print(type(e).__name__)
+    """
+    conf = "roundup_power2_divisions:4,large_segment_size_mb:40"
+    proc = py(code, PYTORCH_ALLOC_CONF=conf)
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.split() == [str(1280 * KiB), str(40 * MiB)]
+    # c10 still reads PYTORCH_CUDA_ALLOC_CONF (deprecated) for every device;
+    # an option openreg cannot honour fails the first allocation.
+    proc = py(code, PYTORCH_CUDA_ALLOC_CONF=conf + ",expandable_segments:True")
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.split() == ["NotImplementedError"]

@@ -9,27 +9,20 @@ the same values and must end with the same ones.
 """
 
 import runpy
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import clean_env, describe
+from conftest import describe, run_python
 
 SCRIPTS = Path(__file__).resolve().parent / "cuda_scripts"
 NOTICE = "torch_openreg: CUDA is mapped to openreg"
 
 
 def run_shim(args, cwd, timeout=150):
-    return subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=str(cwd),
-        env=clean_env(OPENREG_FALLBACK_WARNINGS=0),
-    )
+    """``python *args`` (the shim's entry points) in a fresh interpreter."""
+    return run_python(None, cwd, env={"OPENREG_FALLBACK_WARNINGS": 0}, timeout=timeout, args=args)
 
 
 def run_on_cpu(script, *args):

@@ -1,14 +1,12 @@
 """openreg and multiprocessing: fork after/before initialisation, spawn workers.
 
 Spawned children import this module to find their target, so it keeps its
-imports light (no conftest).
+imports light: no conftest import (the subprocess helper comes as the ``py``
+fixture).
 """
 
 import multiprocessing
 import queue
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -123,8 +121,8 @@ def test_spawn_children_use_devices():
 # Fork before initialisation
 
 
-def test_fork_before_initialisation_child_can_use_device(tmp_path):
-    script = textwrap.dedent(
+def test_fork_before_initialisation_child_can_use_device(py):
+    proc = py(
         """
         import multiprocessing, torch
 
@@ -147,16 +145,8 @@ def test_fork_before_initialisation_child_can_use_device(tmp_path):
             print("exitcode", p.exitcode)
             # The parent can still initialise and use the devices afterwards.
             print("parent", torch.ones(2, device="openreg").sum().item())
-        """
-    )
-    path = tmp_path / "fork_before_init.py"
-    path.write_text(script)
-    proc = subprocess.run(
-        [sys.executable, str(path)],
-        capture_output=True,
-        text=True,
+        """,
         timeout=CHILD_TIMEOUT_S,
-        cwd=str(tmp_path),
     )
     detail = f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert proc.returncode == 0, detail

@@ -248,6 +248,7 @@ def test_tensor_record_stream():
     # As with CUDA: tell the allocator a tensor is used on another stream.
     s = torch.Stream(device=D)
     x = torch.ones(16, device=D)
+    s.wait_stream(torch.accelerator.current_stream())  # x is filled there
     with s:
         y = x * 2
     x.record_stream(s)

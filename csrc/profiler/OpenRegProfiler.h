@@ -4,11 +4,18 @@
 // ProfilerActivity.PrivateUse1, or torch.autograd.profiler.profile with
 // use_device="openreg"), every piece of device work is timed where it really
 // runs (queued kernels on the stream's worker, inline work on the calling
-// thread) and tagged with the operator that launched it. OpenRegProfiler.cpp
-// hands the records to Kineto as device kernels.
+// thread) and tagged with the operator that launched it.
 //
 // When no session records, each hook costs one relaxed atomic load and a
 // not-taken branch: no allocation, no lock, no clock read.
+//
+// The rest of csrc/profiler, one concern per file:
+//   OpenRegProfilerHooks.cpp      these hooks: what each path records
+//   OpenRegProfilerCollector.h    the records of the current session
+//   OpenRegKinetoSession.cpp      the Kineto plugin turning records into
+//                                 activities (built when torch ships Kineto's
+//                                 headers)
+//   OpenRegProfilerStubs.cpp      the legacy profiler's device events
 //
 // Thread-safety: every hook may be called from any thread.
 #pragma once

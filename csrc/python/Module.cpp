@@ -89,9 +89,11 @@ void set_trace_callback(py::object callback) {
   set_sync_trace(&call_trace);
 }
 
+// torch.cuda.memory_snapshot()'s shape: block addresses follow from the
+// segment's address and the sizes of the blocks before them.
 py::list snapshot_to_python() {
   py::list segments;
-  for (const SegmentSnapshot& seg : memory_snapshot()) {
+  for (const auto& seg : memory_snapshot()) {
     py::dict d;
     d["device"] = static_cast<int>(seg.device);
     d["address"] = seg.address;
@@ -99,16 +101,20 @@ py::list snapshot_to_python() {
     d["allocated_size"] = seg.allocated_size;
     d["active_size"] = seg.active_size;
     d["requested_size"] = seg.requested_size;
-    d["stream"] = seg.stream;
-    d["segment_type"] = seg.is_small ? "small" : "large";
+    d["stream"] = reinterpret_cast<intptr_t>(seg.stream);  // a StreamId
+    d["segment_type"] = seg.is_large ? "large" : "small";
     py::list blocks;
-    for (const BlockSnapshot& b : seg.blocks) {
+    size_t address = seg.address;
+    for (const auto& b : seg.blocks) {
       py::dict bd;
-      bd["address"] = b.address;
+      bd["address"] = address;
       bd["size"] = b.size;
       bd["requested_size"] = b.requested_size;
-      bd["state"] = b.state;
+      bd["state"] = b.allocated ? "active_allocated"
+                    : b.active  ? "active_pending_free"
+                                : "inactive";
       blocks.append(bd);
+      address += b.size;
     }
     d["blocks"] = blocks;
     segments.append(d);

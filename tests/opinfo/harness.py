@@ -30,25 +30,12 @@ import os
 import subprocess
 import sys
 import time
-import types
-import unittest
 import warnings
 from dataclasses import dataclass, field
 
-# torch.testing._internal.common_utils imports expecttest (a PyTorch test-only
-# dependency) for its TestCase base class; the harness needs none of it.
-if "expecttest" not in sys.modules:
-    try:
-        import expecttest  # noqa: F401
-    except ImportError:
-        _stub = types.ModuleType("expecttest")
-        _stub.TestCase = unittest.TestCase
-        _stub.ACCEPT = False
-        sys.modules["expecttest"] = _stub
+import torch
 
-import torch  # noqa: E402
-
-import torch_openreg  # noqa: E402, F401
+import torch_openreg  # noqa: F401
 
 DEVICE = "openreg"
 

@@ -1,0 +1,558 @@
+#include "memory/OpenRegDeviceCache.h"
+
+#include <algorithm>
+#include <limits>
+#include <sstream>
+
+#include "core/OpenRegException.h"
+#include "core/OpenRegFunctions.h"
+#include "core/OpenRegStream.h"
+#include "core/OpenRegSynchronize.h"
+#include "memory/OpenRegAllocatorPolicy.h"
+
+namespace openreg::allocator {
+
+namespace {
+
+using c10::CachingAllocator::for_each_selected_stat_type;
+using c10::CachingAllocator::format_size;
+using c10::CachingAllocator::Stat;
+using c10::CachingAllocator::StatArray;
+using c10::CachingAllocator::StatType;
+using c10::CachingAllocator::StatTypes;
+
+constexpr auto kAggregate = static_cast<size_t>(StatType::AGGREGATE);
+
+// The statistics a block of `pool` counts in: the aggregate and its pool's.
+StatTypes stat_types(const BlockPool& pool) {
+  StatTypes types{};
+  types[kAggregate] = true;
+  types[static_cast<size_t>(pool.is_small ? StatType::SMALL_POOL
+                                          : StatType::LARGE_POOL)] = true;
+  return types;
+}
+
+// Every statistic of DeviceStats this allocator keeps, in one table for the
+// resets (c10 offers no walk over DeviceStats's fields). Private memory pools
+// (reserved_bytes_by_private_pools) do not exist here.
+constexpr StatArray Stats::*kStatArrays[] = {
+    &Stats::allocation,      &Stats::segment,
+    &Stats::active,          &Stats::inactive_split,
+    &Stats::allocated_bytes, &Stats::reserved_bytes,
+    &Stats::active_bytes,    &Stats::inactive_split_bytes,
+    &Stats::requested_bytes,
+};
+constexpr Stat Stats::*kSingleStats[] = {
+    &Stats::oversize_allocations,
+    &Stats::oversize_segments,
+};
+// Counters cleared by reset_accumulated_memory_stats, as on CUDA.
+constexpr int64_t Stats::*kCounters[] = {
+    &Stats::num_alloc_retries,    &Stats::num_ooms,
+    &Stats::num_sync_all_streams, &Stats::num_device_alloc,
+    &Stats::num_device_free,
+};
+
+template <typename F>
+void for_each_stat(Stats& stats, F&& f) {
+  for (StatArray Stats::*array : kStatArrays) {
+    for (Stat& s : stats.*array) {
+      f(s);
+    }
+  }
+  for (Stat Stats::*single : kSingleStats) {
+    f(stats.*single);
+  }
+}
+
+void increase(StatArray& array, const BlockPool& pool, size_t amount) {
+  for_each_selected_stat_type(stat_types(pool),
+                              [&](size_t i) { array[i].increase(amount); });
+}
+
+void decrease(StatArray& array, const BlockPool& pool, size_t amount) {
+  for_each_selected_stat_type(stat_types(pool),
+                              [&](size_t i) { array[i].decrease(amount); });
+}
+
+bool can_merge(const Block* b) {
+  return b != nullptr && !b->allocated && b->event_count == 0 &&
+         b->stream_uses.empty();
+}
+
+}  // namespace
+
+bool BlockOrder::operator()(const Block* a, const Block* b) const {
+  if (a->stream != b->stream) {
+    return a->stream < b->stream;
+  }
+  if (a->size != b->size) {
+    return a->size < b->size;
+  }
+  return a->ptr < b->ptr;
+}
+
+Block* DeviceCache::malloc(size_t orig_size, c10::StreamId stream,
+                           bool may_defer_oom) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  process_events();
+  const size_t size = round_size(orig_size);
+  BlockPool& pool = is_small(size) ? small_ : large_;
+  Block* block = take_free_block(pool, stream, size);
+  if (block == nullptr) {
+    check_settings();
+    if (gc_enabled()) {
+      garbage_collect();
+    }
+    block = new_segment(pool, stream, size, orig_size, may_defer_oom);
+    if (block == nullptr) {
+      return nullptr;
+    }
+  }
+  block = maybe_split(block, size);
+  block->allocated = true;
+  block->requested = orig_size;
+  increase(stats_.allocation, pool, 1);
+  increase(stats_.allocated_bytes, pool, block->size);
+  increase(stats_.active, pool, 1);
+  increase(stats_.active_bytes, pool, block->size);
+  increase(stats_.requested_bytes, pool, orig_size);
+  if (is_oversize(block->size)) {
+    stats_.oversize_allocations.increase(1);
+  }
+  return block;
+}
+
+void DeviceCache::free(Block* block) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  block->allocated = false;
+  decrease(stats_.allocation, *block->pool, 1);
+  decrease(stats_.allocated_bytes, *block->pool, block->size);
+  decrease(stats_.requested_bytes, *block->pool, block->requested);
+  if (is_oversize(block->size)) {
+    stats_.oversize_allocations.decrease(1);
+  }
+  block->requested = 0;
+  if (!block->stream_uses.empty()) {
+    insert_events(block);
+  } else {
+    free_block(block);
+  }
+}
+
+void DeviceCache::record_stream(Block* block, c10::StreamId stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stream != block->stream) {
+    block->stream_uses.insert(stream);
+  }
+}
+
+void DeviceCache::empty_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  release_cached_blocks();
+}
+
+Stats DeviceCache::stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // As CUDA reports it: the limit in bytes, -1 when there is none.
+  stats_.max_split_size = static_cast<int64_t>(Config::max_split_size());
+  return stats_;
+}
+
+void DeviceCache::reset_accumulated() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for_each_stat(stats_, [](Stat& s) { s.reset_accumulated(); });
+  for (int64_t Stats::*counter : kCounters) {
+    stats_.*counter = 0;
+  }
+}
+
+void DeviceCache::reset_peak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for_each_stat(stats_, [](Stat& s) { s.reset_peak(); });
+}
+
+void DeviceCache::set_fraction(double fraction) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fraction_ = fraction;
+  fraction_set_ = true;
+}
+
+double DeviceCache::fraction() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return fraction_;
+}
+
+std::vector<c10::CachingDeviceAllocator::SegmentInfo> DeviceCache::snapshot() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<c10::CachingDeviceAllocator::SegmentInfo> out;
+  for (Block* head : segments_) {
+    c10::CachingDeviceAllocator::SegmentInfo seg;
+    seg.device = device_;
+    seg.address = reinterpret_cast<uintptr_t>(head->ptr);
+    seg.stream = reinterpret_cast<void*>(static_cast<intptr_t>(head->stream));
+    seg.is_large = !head->pool->is_small;
+    for (Block* b = head; b != nullptr; b = b->next) {
+      c10::CachingDeviceAllocator::BlockInfo info;
+      info.size = b->size;
+      info.requested_size = b->requested;
+      info.allocated = b->allocated;
+      info.active = b->allocated || b->event_count > 0;
+      seg.total_size += b->size;
+      if (info.allocated) {
+        seg.allocated_size += b->size;
+        seg.requested_size += b->requested;
+      }
+      if (info.active) {
+        seg.active_size += b->size;
+      }
+      seg.blocks.push_back(std::move(info));
+    }
+    out.push_back(std::move(seg));
+  }
+  return out;
+}
+
+// Pool membership also decides the inactive_split statistics: a free block
+// that shares its segment with others is an inactive split.
+void DeviceCache::pool_insert(Block* b) {
+  b->pool->blocks.insert(b);
+  b->gc_base = b->pool->searches;
+  if (b->is_split()) {
+    increase(stats_.inactive_split, *b->pool, 1);
+    increase(stats_.inactive_split_bytes, *b->pool, b->size);
+  }
+}
+
+void DeviceCache::pool_erase(Block* b) {
+  b->pool->blocks.erase(b);
+  if (b->is_split()) {
+    decrease(stats_.inactive_split, *b->pool, 1);
+    decrease(stats_.inactive_split_bytes, *b->pool, b->size);
+  }
+}
+
+Block* DeviceCache::take_free_block(BlockPool& pool, c10::StreamId stream,
+                                    size_t size) {
+  if (gc_enabled()) {
+    ++pool.searches;  // ages every free block of the pool
+  }
+  Block key(device_, stream, size, &pool, nullptr);
+  auto it = pool.blocks.lower_bound(&key);
+  if (it == pool.blocks.end() || (*it)->stream != stream ||
+      !may_reuse((*it)->size, size)) {
+    return nullptr;
+  }
+  Block* b = *it;
+  pool_erase(b);
+  return b;
+}
+
+// [doc:allocator-new-segment]
+// Allocates a new segment from the runtime. When the device (or the
+// per-process fraction) refuses, frees cached oversize blocks and retries,
+// then frees the whole cache and retries, then raises
+// torch.OutOfMemoryError (or, with may_defer_oom, returns nullptr).
+Block* DeviceCache::new_segment(BlockPool& pool, c10::StreamId stream,
+                                size_t size, size_t orig_size,
+                                bool may_defer_oom) {
+  const size_t alloc_size = segment_size(size);
+  void* ptr = nullptr;
+  orError_t err = try_malloc(alloc_size, &ptr);
+  if (err == orErrorMemoryAllocation &&
+      release_oversize_blocks(pool, stream, size)) {
+    err = try_malloc(alloc_size, &ptr);
+  }
+  if (err == orErrorMemoryAllocation) {
+    release_cached_blocks();
+    ++stats_.num_alloc_retries;
+    err = try_malloc(alloc_size, &ptr);
+  }
+  if (err == orErrorMemoryAllocation && may_defer_oom) {
+    return nullptr;
+  }
+  if (err == orErrorMemoryAllocation) {
+    ++stats_.num_ooms;
+    raise_oom(orig_size);
+  }
+  OPENREG_CHECK(err);
+  ++stats_.num_device_alloc;
+  auto* block =
+      new Block(device_, stream, alloc_size, &pool, static_cast<char*>(ptr));
+  segments_.insert(block);
+  increase(stats_.segment, pool, 1);
+  increase(stats_.reserved_bytes, pool, alloc_size);
+  if (is_oversize(alloc_size)) {
+    stats_.oversize_segments.increase(1);
+  }
+  return block;
+}
+// [/doc:allocator-new-segment]
+
+// garbage_collection_threshold applies once a memory fraction was set, as on
+// CUDA: the threshold is a fraction of that limit.
+bool DeviceCache::gc_enabled() const {
+  return fraction_set_ && gc_threshold() > 0.0;
+}
+
+// Above the threshold, gives back whole free large-pool segments, the least
+// recently freed (the oldest by pool searches) first, until enough is
+// reclaimed. Cheaper for the program than the release of the whole cache
+// that running out of memory causes.
+void DeviceCache::garbage_collect() {
+  const auto threshold =
+      static_cast<size_t>(gc_threshold() * static_cast<double>(allowed()));
+  if (reserved() <= threshold) {
+    return;
+  }
+  const size_t target = reserved() - threshold;
+  std::vector<Block*> candidates;
+  size_t total_age = 0;
+  for (Block* b : large_.blocks) {
+    if (!b->is_split()) {
+      candidates.push_back(b);
+      total_age += large_.searches - b->gc_base;
+    }
+  }
+  size_t reclaimed = 0;
+  bool freed = true;
+  while (reclaimed < target && freed && !candidates.empty()) {
+    // Free every block at least as old as the average, then look again.
+    const double average =
+        static_cast<double>(total_age) / static_cast<double>(candidates.size());
+    freed = false;
+    for (auto it = candidates.begin(); it != candidates.end();) {
+      Block* b = *it;
+      const size_t age = large_.searches - b->gc_base;
+      if (static_cast<double>(age) < average) {
+        ++it;
+        continue;
+      }
+      if (!freed) {
+        synchronize_device(device_);  // queued kernels may use cached blocks
+      }
+      freed = true;
+      reclaimed += b->size;
+      total_age -= age;
+      it = candidates.erase(it);
+      release_block(b);
+    }
+  }
+}
+
+// max_split_size_mb: before the whole cache is freed, frees the smallest
+// whole cached oversize segment of the stream that covers the request, or
+// else whole oversize segments from the largest down until they cover it.
+// Returns whether enough was freed.
+bool DeviceCache::release_oversize_blocks(BlockPool& pool, c10::StreamId stream,
+                                          size_t size) {
+  const size_t max_split = Config::max_split_size();
+  if (max_split == std::numeric_limits<size_t>::max()) {
+    return false;  // no limit set: nothing is oversize
+  }
+  Block key(device_, stream, std::max(size, max_split), &pool, nullptr);
+  const auto first = pool.blocks.lower_bound(&key);
+  for (auto it = first; it != pool.blocks.end() && (*it)->stream == stream;
+       ++it) {
+    if (!(*it)->is_split()) {
+      synchronize_device(device_);  // queued kernels may use cached blocks
+      release_block(*it);
+      return true;
+    }
+  }
+  std::vector<Block*> victims;
+  size_t released = 0;
+  for (auto it = first; it != pool.blocks.begin() && released < key.size;) {
+    --it;
+    if ((*it)->stream != stream || !is_oversize((*it)->size)) {
+      break;
+    }
+    if (!(*it)->is_split()) {
+      victims.push_back(*it);
+      released += (*it)->size;
+    }
+  }
+  if (!victims.empty()) {
+    synchronize_device(device_);
+  }
+  for (Block* b : victims) {
+    release_block(b);
+  }
+  return released >= key.size;
+}
+
+size_t DeviceCache::reserved() const {
+  return static_cast<size_t>(stats_.reserved_bytes[kAggregate].current);
+}
+
+size_t DeviceCache::allowed() {
+  return static_cast<size_t>(fraction_ * static_cast<double>(capacity()));
+}
+
+size_t DeviceCache::capacity() {
+  if (capacity_ == 0) {
+    ScopedDevice guard(device_);
+    size_t free_bytes = 0;
+    OPENREG_CHECK(orMemGetInfo(&free_bytes, &capacity_));
+  }
+  return capacity_;
+}
+
+orError_t DeviceCache::try_malloc(size_t alloc_size, void** ptr) {
+  if (reserved() + alloc_size > allowed()) {
+    return orErrorMemoryAllocation;
+  }
+  ScopedDevice guard(device_);
+  return orMalloc(ptr, alloc_size);
+}
+
+void DeviceCache::raise_oom(size_t orig_size) {
+  ScopedDevice guard(device_);
+  size_t free_bytes = 0;
+  size_t total = 0;
+  OPENREG_CHECK(orMemGetInfo(&free_bytes, &total));
+  const auto allocated =
+      static_cast<size_t>(stats_.allocated_bytes[kAggregate].current);
+  std::ostringstream limit;
+  if (fraction_ < 1.0) {
+    limit << " The per-process memory fraction is " << fraction_ << " ("
+          << format_size(
+                 static_cast<size_t>(fraction_ * static_cast<double>(total)))
+          << ").";
+  }
+  TORCH_CHECK_WITH(
+      OutOfMemoryError, false, "openreg out of memory. Tried to allocate ",
+      format_size(orig_size), ". Device ", static_cast<int>(device_),
+      " has a total capacity of ", format_size(total), " of which ",
+      format_size(free_bytes), " is free. Of the allocated memory ",
+      format_size(allocated), " is allocated by PyTorch, and ",
+      format_size(reserved() - allocated),
+      " is reserved by PyTorch but unallocated.", limit.str(),
+      " Set OPENREG_DEVICE_MEMORY to simulate a larger device.");
+}
+
+Block* DeviceCache::maybe_split(Block* block, size_t size) {
+  if (!should_split(block->pool->is_small, block->size, size)) {
+    return block;
+  }
+  auto* rest = new Block(device_, block->stream, block->size - size,
+                         block->pool, block->ptr + size);
+  rest->prev = block;
+  rest->next = block->next;
+  if (rest->next != nullptr) {
+    rest->next->prev = rest;
+  }
+  block->next = rest;
+  block->size = size;
+  pool_insert(rest);
+  return block;
+}
+
+void DeviceCache::insert_events(Block* block) {
+  ScopedDevice guard(device_);
+  for (c10::StreamId id : block->stream_uses) {
+    orEvent_t event = nullptr;
+    OPENREG_CHECK(orEventCreateWithFlags(&event, orEventDisableTiming));
+    const c10::Stream stream(c10::Stream::UNSAFE,
+                             c10::Device(c10::DeviceType::PrivateUse1, device_),
+                             id);
+    OPENREG_CHECK(orEventRecord(event, native_stream(stream)));
+    ++block->event_count;
+    events_.emplace_back(event, block);
+  }
+  block->stream_uses.clear();
+}
+
+// Returns blocks whose streams have passed their last use, in order.
+void DeviceCache::process_events() {
+  while (!events_.empty()) {
+    auto [event, block] = events_.front();
+    orError_t err = orEventQuery(event);
+    if (err == orErrorNotReady) {
+      break;
+    }
+    OPENREG_CHECK(err);
+    events_.pop_front();
+    OPENREG_CHECK(orEventDestroy(event));
+    if (--block->event_count == 0) {
+      free_block(block);
+    }
+  }
+}
+
+void DeviceCache::synchronize_and_free_events() {
+  ++stats_.num_sync_all_streams;
+  while (!events_.empty()) {
+    auto [event, block] = events_.front();
+    events_.pop_front();
+    synchronize_event(event);
+    OPENREG_CHECK(orEventDestroy(event));
+    if (--block->event_count == 0) {
+      free_block(block);
+    }
+  }
+}
+
+// A block no longer in use returns to its pool, merged with free neighbours.
+void DeviceCache::free_block(Block* block) {
+  decrease(stats_.active, *block->pool, 1);
+  decrease(stats_.active_bytes, *block->pool, block->size);
+  if (can_merge(block->prev)) {
+    Block* prev = block->prev;
+    pool_erase(prev);
+    if (segments_.erase(prev) != 0) {
+      segments_.insert(block);
+    }
+    block->ptr = prev->ptr;
+    block->size += prev->size;
+    block->prev = prev->prev;
+    if (block->prev != nullptr) {
+      block->prev->next = block;
+    }
+    delete prev;
+  }
+  if (can_merge(block->next)) {
+    Block* next = block->next;
+    pool_erase(next);
+    block->size += next->size;
+    block->next = next->next;
+    if (block->next != nullptr) {
+      block->next->prev = block;
+    }
+    delete next;
+  }
+  pool_insert(block);
+}
+
+// Gives a whole free segment back to the runtime. The caller has drained the
+// device: kernels still queued may use a cached block (a block freed on the
+// host is reused in stream order), as cudaFree waits for the device.
+void DeviceCache::release_block(Block* b) {
+  pool_erase(b);
+  segments_.erase(b);
+  OPENREG_CHECK(orFree(b->ptr));
+  ++stats_.num_device_free;
+  decrease(stats_.segment, *b->pool, 1);
+  decrease(stats_.reserved_bytes, *b->pool, b->size);
+  if (is_oversize(b->size)) {
+    stats_.oversize_segments.decrease(1);
+  }
+  delete b;
+}
+
+// Gives every whole free segment back to the runtime.
+void DeviceCache::release_cached_blocks() {
+  synchronize_device(device_);  // raises a pending kernel error, if any
+  synchronize_and_free_events();
+  for (BlockPool* pool : {&small_, &large_}) {
+    for (auto it = pool->blocks.begin(); it != pool->blocks.end();) {
+      Block* b = *it;
+      ++it;
+      if (!b->is_split()) {
+        release_block(b);
+      }
+    }
+  }
+}
+
+}  // namespace openreg::allocator

@@ -1,0 +1,140 @@
+// The per-device cache of the caching allocator: blocks, pools, segments,
+// statistics, cross-stream frees, garbage collection and out of memory.
+//
+// Tensors come and go far faster than a driver allocation should be made, so
+// freed blocks are kept and handed out again; the runtime (orMalloc/orFree) is
+// called only to grow or shrink the cache. How sizes are rounded, which pool
+// serves a request, and when blocks are split or reused is the policy of
+// OpenRegAllocatorPolicy.h; a freed block merges with free neighbours of its
+// segment.
+//
+// Streams: a block belongs to the stream it was allocated on and is reused on
+// that stream at once (stream order makes that safe). If it was also used on
+// other streams (Tensor.record_stream), freeing it records an event on each
+// of them, and the block returns to the pool only once all have completed.
+//
+// Out of memory: when the runtime (or the per-process fraction) refuses a
+// new segment, the cache frees oversize cached blocks (max_split_size_mb),
+// then all cached blocks, retries, and then raises torch.OutOfMemoryError
+// with the numbers a CUDA user expects.
+//
+// Thread-safety: every public method may be called from any thread; one
+// mutex per device guards everything. Nothing here calls into Python.
+#pragma once
+
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/Stream.h>
+#include <c10/util/flat_hash_map.h>
+#include <openreg.h>
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <utility>
+#include <vector>
+
+namespace openreg::allocator {
+
+using Stats = c10::CachingDeviceAllocator::DeviceStats;
+
+struct BlockPool;
+
+struct Block {
+  c10::DeviceIndex device;
+  c10::StreamId stream;  // allocation stream (id on `device`)
+  size_t size;           // bytes, a multiple of kMinBlockSize
+  size_t requested = 0;  // bytes asked for while allocated
+  BlockPool* pool;
+  char* ptr;
+  bool allocated = false;
+  Block* prev = nullptr;  // neighbours inside the same segment
+  Block* next = nullptr;
+  int event_count = 0;  // outstanding events before the block is free
+  size_t gc_base = 0;   // the pool's search count when the block was freed
+  ska::flat_hash_set<c10::StreamId> stream_uses;  // other streams using it
+
+  Block(c10::DeviceIndex d, c10::StreamId s, size_t sz, BlockPool* p, char* pt)
+      : device(d), stream(s), size(sz), pool(p), ptr(pt) {}
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+};
+
+// Free blocks ordered by stream, then size, then address: a lower bound on
+// (stream, size) is the best fit on that stream.
+struct BlockOrder {
+  bool operator()(const Block* a, const Block* b) const;
+};
+
+struct BlockPool {
+  explicit BlockPool(bool small) : is_small(small) {}
+  std::set<Block*, BlockOrder> blocks;  // free blocks
+  const bool is_small;
+  // Searches of this pool while garbage collection is on: a free block's
+  // age is the number of searches since it was freed.
+  size_t searches = 0;
+};
+
+class DeviceCache {
+ public:
+  explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
+  DeviceCache(const DeviceCache&) = delete;
+  DeviceCache& operator=(const DeviceCache&) = delete;
+
+  // A block of at least `size` bytes for use on `stream`. With
+  // `may_defer_oom`, returns nullptr instead of raising out of memory (the
+  // caller collects blocks held for other processes and retries).
+  Block* malloc(size_t size, c10::StreamId stream, bool may_defer_oom);
+  // Returns an allocated block (after the events of its other streams).
+  void free(Block* block);
+  void record_stream(Block* block, c10::StreamId stream);
+  // Drains the device and gives every whole free segment back.
+  void empty_cache();
+
+  Stats stats();
+  void reset_accumulated();
+  void reset_peak();
+
+  void set_fraction(double fraction);
+  double fraction();
+
+  // Every segment with its blocks, in c10's snapshot types. The `stream` of
+  // a segment holds its c10::StreamId (what torch.Stream.stream_id shows):
+  // openreg's runtime streams have no handle visible from Python.
+  std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot();
+
+ private:
+  void pool_insert(Block* b);
+  void pool_erase(Block* b);
+  Block* take_free_block(BlockPool& pool, c10::StreamId stream, size_t size);
+  Block* new_segment(BlockPool& pool, c10::StreamId stream, size_t size,
+                     size_t orig_size, bool may_defer_oom);
+  bool gc_enabled() const;
+  void garbage_collect();
+  bool release_oversize_blocks(BlockPool& pool, c10::StreamId stream,
+                               size_t size);
+  size_t reserved() const;
+  size_t allowed();
+  size_t capacity();
+  orError_t try_malloc(size_t alloc_size, void** ptr);
+  [[noreturn]] void raise_oom(size_t orig_size);
+  Block* maybe_split(Block* block, size_t size);
+  void insert_events(Block* block);
+  void process_events();
+  void synchronize_and_free_events();
+  void free_block(Block* block);
+  void release_block(Block* block);
+  void release_cached_blocks();
+
+  const c10::DeviceIndex device_;
+  std::mutex mutex_;  // guards everything below
+  Stats stats_;
+  BlockPool small_{true};
+  BlockPool large_{false};
+  std::set<Block*> segments_;  // first block of every segment
+  std::deque<std::pair<orEvent_t, Block*>> events_;  // pending frees, in order
+  double fraction_ = 1.0;
+  bool fraction_set_ = false;  // set_fraction was called (enables the GC)
+  size_t capacity_ = 0;
+};
+
+}  // namespace openreg::allocator

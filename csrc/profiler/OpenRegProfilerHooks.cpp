@@ -1,0 +1,133 @@
+// The hooks of OpenRegProfiler.h: each execution path records its device
+// work in the collector while a session records.
+//
+// SIMULATOR ONLY: the device side of a record is timed by reading the host
+// clock on the stream's worker (a wrapper around each queued kernel, and the
+// timestamp kernels queued around each copy). A real device's profiler takes
+// these times from the driver's activity records (CUPTI's role) and keeps
+// only the host side here.
+#include <memory>
+
+#include "core/OpenRegStream.h"
+#include "profiler/OpenRegProfiler.h"
+#include "profiler/OpenRegProfilerCollector.h"
+
+namespace openreg::profiler {
+
+namespace {
+
+// Kept by a wrapped kernel (and its copies): the in-flight count is
+// released when the runtime destroys the task, whether it ran or not.
+struct InFlight {
+  InFlight() { collector().enter(); }
+  ~InFlight() {
+    without_throwing("the end of a kernel", [] { collector().leave(); });
+  }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+};
+
+// Times the wrapped kernel on the worker, even if it throws.
+struct DeviceSpan {
+  uint32_t flow;
+  int64_t begin = now_ns();
+  ~DeviceSpan() {
+    without_throwing("a kernel's device time", [this] {
+      collector().device_span(flow, begin, now_ns());
+    });
+  }
+};
+
+// The timestamps queued around a copy; called by the stream's worker
+// through the runtime's C ABI, so nothing may escape.
+int stamp_begin(void* data) {
+  const auto flow = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(data));
+  without_throwing("a copy's device start",
+                   [&] { collector().device_span(flow, now_ns(), 0); });
+  return 0;
+}
+
+int stamp_end(void* data) {
+  const auto flow = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(data));
+  without_throwing("a copy's device end", [&] {
+    collector().device_span(flow, 0, now_ns());
+    collector().leave();
+  });
+  return 0;
+}
+
+void* as_data(uint32_t flow) {
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(flow));
+}
+
+const char* copy_name(orMemcpyKind kind) {
+  switch (kind) {
+    case orMemcpyHostToDevice:
+      return "Memcpy HtoD (Pinned -> openreg)";
+    case orMemcpyDeviceToHost:
+      return "Memcpy DtoH (openreg -> Pinned)";
+    case orMemcpyDeviceToDevice:
+      return "Memcpy DtoD (openreg -> openreg)";
+    default:
+      return "Memcpy";
+  }
+}
+
+}  // namespace
+
+// [doc:queued-kernel]
+void QueuedKernel::begin(const c10::Stream& stream, const std::string& op,
+                         std::function<void()>& kernel) {
+  const int64_t t = now_ns();
+  const uint32_t flow = collector().launched(Work::kKernel, stream, op, t);
+  kernel = [inner = std::move(kernel), flow,
+            token = std::make_shared<InFlight>()]() {
+    const DeviceSpan span{flow};
+    inner();
+  };
+  flow_ = flow;
+}
+
+void QueuedKernel::end() noexcept {
+  without_throwing("a kernel launch's end",
+                   [this] { collector().launch_returned(flow_, now_ns()); });
+}
+// [/doc:queued-kernel]
+
+void QueuedCopy::begin(const c10::Stream& stream, orMemcpyKind kind) {
+  const int64_t t = now_ns();
+  const uint32_t flow =
+      collector().launched(Work::kCopy, stream, copy_name(kind), t);
+  stream_ = native_stream(stream);
+  // A failed stamp leaves the record without a device part; the copy itself
+  // is unaffected.
+  (void)orLaunchKernel(stream_, &stamp_begin, as_data(flow));
+  collector().enter();
+  flow_ = flow;
+}
+
+void QueuedCopy::end() noexcept {
+  without_throwing("a copy launch's end", [this] {
+    if (orLaunchKernel(stream_, &stamp_end, as_data(flow_)) != orSuccess) {
+      collector().leave();  // no stamp will leave for it
+    }
+    collector().launch_returned(flow_, now_ns());
+  });
+}
+
+void InlineKernel::begin(c10::DeviceIndex device) {
+  const c10::Stream stream = getCurrentStream(device).unwrap();
+  const int64_t t = now_ns();
+  flow_ = collector().launched(Work::kInline, stream, std::string(), t);
+}
+
+void InlineKernel::end() noexcept {
+  const int64_t t = now_ns();
+  without_throwing("inline work's end", [this, t] {
+    Collector& c = collector();
+    c.launch_returned(flow_, t);
+    c.device_span(flow_, 0, t);
+  });
+}
+
+}  // namespace openreg::profiler
