@@ -6,9 +6,13 @@
 #   make bench        set up, build, run the openreg/CPU benchmarks
 #   make opinfo       set up, build, the full OpInfo differential run
 #   make conformance  set up, build, print openreg's conformance report card
+#   make fuzz         set up, build, the long random-program fuzz run and the
+#                     two-stream stress (FUZZ_SECONDS in all, default 1200;
+#                     with SANITIZE=address under AddressSanitizer)
 #   make format lint  clang-format + ruff
 #
-# Variables: BUILD_TYPE (Release), SANITIZE (e.g. address,undefined), PYTHON.
+# Variables: BUILD_TYPE (Release), SANITIZE (e.g. address,undefined), PYTHON,
+# FUZZ_SECONDS.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -23,7 +27,7 @@ export OPENREG_BUILD_DIR := $(abspath $(BUILD_DIR))
 
 CPP_SOURCES := $(shell find runtime csrc -name '*.cpp' -o -name '*.h')
 
-.PHONY: all setup build demo test test-runtime test-runtime-asan test-python bench opinfo conformance conformance-card format lint clean
+.PHONY: all setup build demo test test-runtime test-runtime-asan test-python bench opinfo conformance conformance-card fuzz format lint clean
 
 all: build
 
@@ -85,6 +89,14 @@ CONFORMANCE_ENV := env -u OPENREG_DEVICE_COUNT -u OPENREG_DEVICE_MEMORY \
 conformance-card: build
 	$(CONFORMANCE_ENV) $(PY) -m torch_openreg.conformance --device openreg --quiet \
 	    --report docs/conformance-card.md > /dev/null; test $$? -le 1
+# Random op programs on openreg vs the CPU (tests/fuzz/README.md): 1, 2 and
+# 3 streams, blocking mode, and the two-stream block-reuse stress. A sanitized
+# extension is loaded with its runtime preloaded (Python's own allocations
+# are not leaks to report).
+FUZZ_SECONDS ?= 1200
+FUZZ_ENV := $(if $(findstring address,$(SANITIZE)),LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0)
+fuzz: build
+	$(FUZZ_ENV) $(PY) -m tests.fuzz campaign --seconds $(FUZZ_SECONDS) --out build/fuzz
 
 format: setup
 	clang-format -i $(CPP_SOURCES) $(shell find runtime/tests -name '*.cpp')

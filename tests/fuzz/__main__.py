@@ -48,6 +48,19 @@ def main(argv=None) -> int:
     r.add_argument("--progress", type=int, default=200)
     r.add_argument("--out", default="build/fuzz")
 
+    c = sub.add_parser("campaign", help="the long run in every mode (make fuzz)")
+    common(c)
+    c.add_argument("--seconds", type=float, default=600, help="in all")
+    c.add_argument("--count", type=int, default=10**9)
+    c.add_argument("--start", type=int, default=0)
+    c.add_argument("--progress", type=int, default=1000)
+    c.add_argument("--out", default="build/fuzz")
+
+    st = sub.add_parser("stress", help="the two-stream block-reuse stress")
+    st.add_argument("--seconds", type=float, default=60)
+    st.add_argument("--iterations", type=int, default=100, help="rounds per seed")
+    st.add_argument("--start", type=int, default=0)
+
     w = sub.add_parser("worker")
     common(w)
     w.add_argument("--start", type=int, required=True)
@@ -66,6 +79,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "run":
         return runner.long_run(args)
+    if args.cmd == "campaign":
+        return runner.campaign(args)
+    if args.cmd == "stress":
+        return runner.stress_run(args)
     if args.cmd == "worker":
         runner.worker_main(args)
         return 0

@@ -9,6 +9,7 @@ new worker at the next seed.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -181,3 +182,50 @@ def long_run(args) -> int:
     for s, why in crashes:
         print(f"  seed {s}: crash ({why})")
     return 1 if failures or crashes else 0
+
+
+def stress_run(args) -> int:
+    """The long two-stream stress: rounds of stress() until time is up."""
+    from .stress import stress
+
+    deadline = time.monotonic() + args.seconds
+    seed = args.start
+    rounds = 0
+    failures = []
+    while time.monotonic() < deadline:
+        print(f"stress seed {seed}", flush=True)  # a crash names its seed
+        failures += stress(args.iterations, seed)
+        rounds += args.iterations
+        seed += 1
+    print(
+        f"stress: {rounds} rounds on 2 streams (seeds {args.start}-{seed - 1}): "
+        f"{len(failures)} mismatches"
+    )
+    for f in failures[:20]:
+        print("  " + f)
+    return 1 if failures else 0
+
+
+def campaign(args) -> int:
+    """`make fuzz`: the long run in every mode, `args.seconds` in all."""
+    parts = [
+        ("2 streams", 0.35, dict(streams=2, start=args.start, blocking=False)),
+        ("3 streams", 0.25, dict(streams=3, start=args.start + 10**7, blocking=False)),
+        ("1 stream", 0.1, dict(streams=1, start=args.start + 2 * 10**7, blocking=False)),
+        ("blocking", 0.15, dict(streams=2, start=args.start + 3 * 10**7, blocking=True)),
+    ]
+    code = 0
+    for name, share, opts in parts:
+        print(f"== {name}", flush=True)
+        sub = argparse.Namespace(**vars(args))
+        sub.seconds = max(args.seconds * share, 5)
+        sub.out = os.path.join(args.out, name.replace(" ", "-"))
+        for k, v in opts.items():
+            setattr(sub, k, v)
+        code |= long_run(sub)
+    print("== stress", flush=True)
+    sub = argparse.Namespace(**vars(args))
+    sub.seconds = max(args.seconds * 0.15, 5)
+    sub.iterations = 100
+    code |= stress_run(sub)
+    return code
