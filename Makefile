@@ -91,10 +91,12 @@ conformance-card: build
 	    --report docs/conformance-card.md > /dev/null; test $$? -le 1
 # Random op programs on openreg vs the CPU (tests/fuzz/README.md): 1, 2 and
 # 3 streams, blocking mode, and the two-stream block-reuse stress. A sanitized
-# extension is loaded with its runtime preloaded (Python's own allocations
-# are not leaks to report).
+# extension is loaded with its runtime preloaded, and libstdc++ with it (else
+# the first C++ exception aborts in ASan's __cxa_throw interceptor); Python's
+# own allocations are not leaks to report.
 FUZZ_SECONDS ?= 1200
-FUZZ_ENV := $(if $(findstring address,$(SANITIZE)),LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0)
+ASAN_ENV := LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so)" ASAN_OPTIONS=detect_leaks=0
+FUZZ_ENV := $(if $(findstring address,$(SANITIZE)),$(ASAN_ENV))
 fuzz: build
 	$(FUZZ_ENV) $(PY) -m tests.fuzz campaign --seconds $(FUZZ_SECONDS) --out build/fuzz
 

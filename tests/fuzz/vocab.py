@@ -706,6 +706,36 @@ class Generator(GeneratorCore):
         elif kind == "equal":
             self.emit(f"chk(torch.equal({a}, {self.second(a)}))", kind="chk")
 
+    def a_autograd(self):
+        """A small differentiable expression and its backward pass (the
+        engine runs it on the device's thread, on the forward's streams)."""
+        x = self.get(
+            lambda t: t.dtype in (torch.float32, torch.float64) and t.numel() > 0,
+            dtype=self.rng.choice([torch.float32, torch.float64]),
+        )
+        leaf = self.new_name()
+        self.emit(f"{leaf} = {x}.detach().clone().requires_grad_()")
+        if leaf not in self.ns:
+            return
+        w = self.second(leaf)
+        body = self.rng.choice(
+            [
+                f"({leaf}.sin() * {leaf}).sum()",
+                f"({leaf} * {w}).exp().mean()",
+                f"torch.nn.functional.softmax({leaf}, -1).pow(2).sum()",
+                f"({leaf} @ {leaf}.mT).sum()",
+                f"{leaf}.relu().norm()",
+                f"torch.where({leaf} > 0, {leaf}, {leaf} * 0.1).sum()",
+                f"({leaf}.flip(0)[::2] ** 2).sum()",
+                f"{leaf}.cumsum(-1).logsumexp(-1).sum()",
+                f"({leaf}.unsqueeze(0).expand(2, *{leaf}.shape) * 3).sum()",
+            ]
+        )
+        y = self.new_name()
+        self.emit(f"{y} = {body}")
+        self.emit(f"{y}.backward()", writes=(leaf,))
+        self.emit(f"{self.new_name()} = {leaf}.grad")
+
     def a_chk(self):
         a = self.pick()
         if a is not None:
@@ -744,6 +774,7 @@ ACTIONS = [
     ("switch_stream", 9),
     ("a_sync_noise", 2),
     ("a_rec", 2),
+    ("a_autograd", 3),
 ]
 
 
