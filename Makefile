@@ -89,6 +89,7 @@ CONFORMANCE_ENV := env -u OPENREG_DEVICE_COUNT -u OPENREG_DEVICE_MEMORY \
 conformance-card: build
 	$(CONFORMANCE_ENV) $(PY) -m torch_openreg.conformance --device openreg --quiet \
 	    --report docs/conformance-card.md > /dev/null; test $$? -le 1
+
 # Random op programs on openreg vs the CPU (tests/fuzz/README.md): 1, 2 and
 # 3 streams, blocking mode, and the two-stream block-reuse stress. A sanitized
 # extension is loaded with its runtime preloaded, and libstdc++ with it (else
