@@ -39,17 +39,26 @@ def _round(i: int, n: int, k: int, dev: str, side, main, rng_state: int):
     view = b[1::3]
     view.mul_(-1)  # in place through a strided view
     picked = torch.gather(b, 0, idx)
+    # A complex tensor read on the side stream through conjugate and negative
+    # views, recorded through them (record_stream of a view with a math bit
+    # once released a clone twice: heap corruption).
+    z = torch.complex(a[: n // 2], a[n // 2 :])
+    zc = z.conj()
+    zsum = (zc * 2).sum() + zc.imag.sum()
     if on_device:
         torch.openreg.set_stream(main)
         a.record_stream(side)  # a was read on the side stream
+        zc.record_stream(side)
+        zc.imag.record_stream(side)
     del a  # its block may be reused at once on the default stream
     junk = torch.full((n,), float("nan"), device=dev)  # probably a's old block
     if on_device:
         main.wait_stream(side)
-    total = out.sum() + picked.sum() + junk.nan_to_num(0).sum()
+    del z, zc
+    total = out.sum() + picked.sum() + junk.nan_to_num(0).sum() + zsum.real
     if on_device:
         idx.record_stream(side)
-        for t in (b, out, picked):
+        for t in (b, out, picked, zsum):
             t.record_stream(main)
     return [b, out, picked, total]
 

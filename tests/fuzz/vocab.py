@@ -272,7 +272,8 @@ class Generator(GeneratorCore):
                 self.emit(f"torch.{op}({args}, out=({o1}, {o2}))", out=(o1, o2))
             return
         op = self.rng.choice(REDUCTIONS)
-        args = self.inline_view(a)
+        first = self.inline_view(a)
+        args = first
         needs_dim = op in ("cumsum", "cumprod", "logcumsumexp", "softmax", "log_softmax")
         if needs_dim or self.chance(0.7):
             d = self.dim_arg(ta)
@@ -283,7 +284,7 @@ class Generator(GeneratorCore):
                 args += ", keepdim=True"
         if op in ("sum", "prod", "mean", "cumsum", "nansum", "softmax") and self.chance(0.2):
             args += f", dtype={self.dtype()}"
-        self.call(f"torch.{op}", args, method=f"{a}.{op}({args[len(a) + 2 :]})")
+        self.call(f"torch.{op}", args, method=f"{first}.{op}({args[len(first) + 2 :]})")
 
     def a_matmul(self):
         dtype = self.pick_weighted(
@@ -605,6 +606,12 @@ class Generator(GeneratorCore):
         if span >= limit:
             size, stride, span = [1] * rank, [1] * rank, 0
         offset = self.rng.randint(0, limit - 1 - span)
+        if self.avoid_known:  # KNOWN_ISSUES["size1-strides"]
+            natural = 1
+            for i in reversed(range(rank)):
+                if size[i] == 1:
+                    stride[i] = natural
+                natural *= size[i]
         return f"{a}.as_strided({tuple(size)}, {tuple(stride)}, {offset})"
 
     def a_misc(self):
