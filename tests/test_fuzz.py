@@ -193,6 +193,18 @@ print("ok")
     )
 
 
+def test_a_view_of_an_empty_tensor_shares_its_storage():
+    # unfold runs through the fallback: its CPU result was matched to the
+    # device storage by address, which an empty storage does not have, so the
+    # "view" was a new tensor and did not see the storage grow.
+    for d in ("cpu", D):
+        base = torch.empty(4, 0, device=d)
+        view = base.unfold(0, 3, 1)
+        torch.add(torch.ones(2, device=d), 1, out=base)  # grows base's storage
+        assert view.untyped_storage().nbytes() == 8, d
+        assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr(), d
+
+
 def test_copy_into_empty_message_names_the_broadcast_shape():
     for d in ("cpu", D):
         with pytest.raises(RuntimeError) as e:

@@ -121,9 +121,8 @@ def observe_final(ns: dict, dev: str) -> tuple[dict, list, object]:
         except Exception as e:  # noqa: BLE001
             value = ("error", type(e).__name__, str(e).split("\n")[0])
         final[name] = (t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), value)
-        key = storage_key(t)
-        if key is not None:
-            groups.setdefault(key, []).append(name)
+        # Aliasing is sharing the storage object (empty tensors included).
+        groups.setdefault(t.untyped_storage()._cdata, []).append(name)
     aliases = sorted(g for g in groups.values() if len(g) > 1)
     return final, aliases, final_error
 

@@ -118,14 +118,15 @@ class Generator(GeneratorCore):
         dtype = ta.dtype if self.chance(0.5) else self.dtype()
         return self.make(self.broadcast_shape_of(ta.shape), dtype)
 
-    def out_arg(self, like: torch.Tensor | None, args: str = "") -> str:
+    def out_arg(self, like: torch.Tensor | None, args: str = "", pointwise: bool = False) -> str:
         """An out= argument for a result like `like` (a guess) of a call
         with arguments `args`.
 
-        An input is only reused as out= if it has the result's shape: a call
-        that resizes an output which is also its input reads memory that the
-        resize left uninitialized (the CPU's own result varies from run to
-        run), so there is nothing to compare."""
+        An input is only reused as out= by a pointwise op and if it has the
+        result's shape: a call that resizes an output which is also its input
+        reads memory that the resize left uninitialized (the CPU's own result
+        varies from run to run), and a matmul or reduction writing its input
+        while reading it has no defined result (CPU and CUDA kernels differ)."""
         shape = tuple(like.shape) if like is not None else self.shape()
         dtype = like.dtype if like is not None else self.dtype()
         r = self.rng.random()
@@ -135,7 +136,7 @@ class Generator(GeneratorCore):
                 t = self.t(existing)
                 inputs = {self.model.var_block.get(n) for n in VAR_RE.findall(args)}
                 if self.model.var_block.get(existing) not in inputs or (
-                    like is not None and t.shape == like.shape
+                    pointwise and like is not None and t.shape == like.shape
                 ):
                     return existing
         name = self.new_name()
@@ -163,7 +164,7 @@ class Generator(GeneratorCore):
             v = v[0] if v else None
         return v if isinstance(v, torch.Tensor) else None
 
-    def call(self, fn_expr: str, args: str, inplace_target: str | None = None, method=None):
+    def call(self, fn_expr: str, args: str, method=None, pointwise: bool = False):
         """Emits fn(args) in one of its forms: new variable, method, out=."""
         form = self.pick_weighted([("fn", 5), ("method", 2), ("out", 3)])
         if form == "method" and method is not None:
@@ -171,7 +172,7 @@ class Generator(GeneratorCore):
             self.emit(f"{name} = {method}")
             return
         if form == "out":
-            o = self.out_arg(self.result_like(f"{fn_expr}({args})"), args)
+            o = self.out_arg(self.result_like(f"{fn_expr}({args})"), args, pointwise)
             self.emit(f"{fn_expr}({args}, out={o})", out=(o,))
             return
         name = self.new_name()
@@ -190,7 +191,9 @@ class Generator(GeneratorCore):
         if self.chance(0.3) and hasattr(torch.Tensor, op + "_"):
             self.emit(f"{a}.{op}_({extra[2:]})", writes=(a,))
             return
-        self.call(f"torch.{op}", self.inline_view(a) + extra, method=f"{a}.{op}({extra[2:]})")
+        self.call(
+            f"torch.{op}", self.inline_view(a) + extra, f"{a}.{op}({extra[2:]})", pointwise=True
+        )
 
     def a_binary(self):
         a = self.get()
@@ -210,7 +213,8 @@ class Generator(GeneratorCore):
             else:
                 self.emit(f"{self.new_name()} = {a} {SYMBOLS[op]} {b}")
         else:
-            self.call(f"torch.{op}", f"{self.inline_view(a)}, {b}{kw}", method=f"{a}.{op}({b}{kw})")
+            args = f"{self.inline_view(a)}, {b}{kw}"
+            self.call(f"torch.{op}", args, f"{a}.{op}({b}{kw})", pointwise=True)
 
     def a_ternary(self):
         a = self.get()
@@ -219,23 +223,23 @@ class Generator(GeneratorCore):
         b = self.second(a)
         if kind == "where":
             cond = self.rng.choice([f"{a} > 0", self.get(lambda t: t.dtype == torch.bool)])
-            self.call("torch.where", f"{cond}, {a}, {b}")
+            self.call("torch.where", f"{cond}, {a}, {b}", pointwise=True)
         elif kind in ("addcmul", "addcdiv"):
             c = self.second(a)
             value = self.rng.choice(["", ", value=0.5", ", value=2"])
             if self.chance(0.3):
                 self.emit(f"{a}.{kind}_({b}, {c}{value})", writes=(a,))
             else:
-                self.call(f"torch.{kind}", f"{a}, {b}, {c}{value}")
+                self.call(f"torch.{kind}", f"{a}, {b}, {c}{value}", pointwise=True)
         elif kind == "lerp":
             w = self.rng.choice(["0.3", self.make(self.broadcast_shape_of(ta.shape), ta.dtype)])
             if self.chance(0.3):
                 self.emit(f"{a}.lerp_({b}, {w})", writes=(a,))
             else:
-                self.call("torch.lerp", f"{a}, {b}, {w}")
+                self.call("torch.lerp", f"{a}, {b}, {w}", pointwise=True)
         else:
             lo = self.make(self.broadcast_shape_of(ta.shape), ta.dtype)
-            self.call("torch.clamp", f"{a}, min={lo}, max={b}")
+            self.call("torch.clamp", f"{a}, min={lo}, max={b}", pointwise=True)
 
     def dim_arg(self, t: torch.Tensor) -> str:
         n = max(t.dim(), 1)
