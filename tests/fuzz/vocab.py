@@ -610,12 +610,6 @@ class Generator(GeneratorCore):
         if span >= limit:
             size, stride, span = [1] * rank, [1] * rank, 0
         offset = self.rng.randint(0, limit - 1 - span)
-        if self.avoid_known:  # KNOWN_ISSUES["size1-strides"]
-            natural = 1
-            for i in reversed(range(rank)):
-                if size[i] == 1:
-                    stride[i] = natural
-                natural *= size[i]
         return f"{a}.as_strided({tuple(size)}, {tuple(stride)}, {offset})"
 
     def a_misc(self):
