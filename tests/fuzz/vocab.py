@@ -730,6 +730,11 @@ class Generator(GeneratorCore):
         if leaf not in self.ns:
             return
         w = self.second(leaf)
+        if VAR_RE.search(w):
+            # Only the new leaf takes part: an older leaf's AccumulateGrad made
+            # on another stream draws PyTorch's stream-mismatch warning for
+            # devices with streams (CUDA's too, not the CPU's).
+            w = f"({w}).detach()"
         body = self.rng.choice(
             [
                 f"({leaf}.sin() * {leaf}).sum()",
