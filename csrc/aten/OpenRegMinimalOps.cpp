@@ -172,6 +172,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 // [/doc:minimal-ops-register]
 
+// [doc:record-stream-math-bits]
 // Tensor.record_stream on a conjugate or negative view (x.conj(),
 // x.conj().imag) names the view's memory; its math bit does not matter, so
 // the Conjugate and Negative keys pass it through. Without this, PyTorch's
@@ -187,5 +188,6 @@ TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
 TORCH_LIBRARY_IMPL(aten, Negative, m) {
   m.impl("record_stream", torch::CppFunction::makeFallthrough());
 }
+// [/doc:record-stream-math-bits]
 
 }  // namespace openreg
