@@ -136,6 +136,7 @@ def run_program(program: Program, dev: str, upto: int | None = None) -> Observat
         for stmt in stmts:
             results.append(exec_stmt(ns, stmt))
         final, aliases, final_error = observe_final(ns, dev)
+        obs = list(ns["OBS"])
     finally:
         if dev != "cpu":
             # Whatever happened, the next program starts on the default stream
@@ -145,7 +146,11 @@ def run_program(program: Program, dev: str, upto: int | None = None) -> Observat
                 torch.openreg.synchronize()
             except Exception:  # noqa: BLE001  (already recorded as final_error)
                 pass
-    return Observation(results, list(ns["OBS"]), final, aliases, final_error)
+        # The prelude's functions refer to the namespace (a reference cycle):
+        # clearing it frees the program's device memory now, not at the next
+        # full garbage collection.
+        ns.clear()
+    return Observation(results, obs, final, aliases, final_error)
 
 
 # ---------------------------------------------------------------------------

@@ -162,4 +162,6 @@ def check(program: Program) -> str | None:
             model.after(stmt, ns, err)
     except RaceError as e:
         return str(e)
+    finally:
+        ns.clear()  # a reference cycle through the prelude's functions
     return None
