@@ -7,9 +7,13 @@
 #   make opinfo       set up, build, the full OpInfo differential run
 #   make conformance  set up, build, print openreg's conformance report card
 #   make compile-zoo  set up, build, torch.compile vs eager over more OpInfo ops
+#   make fuzz         set up, build, the long random-program fuzz run and the
+#                     two-stream stress (FUZZ_SECONDS in all, default 1200;
+#                     with SANITIZE=address under AddressSanitizer)
 #   make format lint  clang-format + ruff
 #
-# Variables: BUILD_TYPE (Release), SANITIZE (e.g. address,undefined), PYTHON.
+# Variables: BUILD_TYPE (Release), SANITIZE (e.g. address,undefined), PYTHON,
+# FUZZ_SECONDS.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -24,7 +28,7 @@ export OPENREG_BUILD_DIR := $(abspath $(BUILD_DIR))
 
 CPP_SOURCES := $(shell find runtime csrc -name '*.cpp' -o -name '*.h')
 
-.PHONY: all setup build demo test test-runtime test-runtime-asan test-python bench opinfo compile-zoo conformance conformance-card format lint clean
+.PHONY: all setup build demo test test-runtime test-runtime-asan test-python bench opinfo compile-zoo conformance conformance-card fuzz format lint clean
 
 all: build
 
@@ -96,6 +100,17 @@ conformance-card: build
 compile-zoo: build
 	mkdir -p build
 	$(PY) -m tests.opinfo.compiled --eager-slice --limit 3 --report build/compile-opinfo-report.md
+
+# Random op programs on openreg vs the CPU (tests/fuzz/README.md): 1, 2 and
+# 3 streams, blocking mode, and the two-stream block-reuse stress. A sanitized
+# extension is loaded with its runtime preloaded, and libstdc++ with it (else
+# the first C++ exception aborts in ASan's __cxa_throw interceptor); Python's
+# own allocations are not leaks to report.
+FUZZ_SECONDS ?= 1200
+ASAN_ENV := LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so)" ASAN_OPTIONS=detect_leaks=0
+FUZZ_ENV := $(if $(findstring address,$(SANITIZE)),$(ASAN_ENV))
+fuzz: build
+	$(FUZZ_ENV) $(PY) -m tests.fuzz campaign --seconds $(FUZZ_SECONDS) --out build/fuzz
 
 format: setup
 	clang-format -i $(CPP_SOURCES) $(shell find runtime/tests -name '*.cpp')

@@ -69,10 +69,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
   }
   if (dst.numel() == 0) {
     // Nothing to move, but the CPU's shape check still applies.
-    TORCH_CHECK(at::infer_size(dst.sizes(), self.sizes()) == dst.sizes(),
-                "output with shape ", dst.sizes(),
-                " doesn't match the broadcast shape ",
-                at::infer_size(dst.sizes(), self.sizes()));
+    const std::vector<int64_t> shape =
+        at::infer_size(dst.sizes(), self.sizes());
+    TORCH_CHECK(c10::IntArrayRef(shape) == dst.sizes(), "output with shape ",
+                dst.sizes(), " doesn't match the broadcast shape ",
+                c10::IntArrayRef(shape));
     return dst;
   }
   // Work is ordered on the destination's stream when it is a device,

@@ -77,12 +77,13 @@ at::Tensor KernelViews::view(const at::Tensor& t, bool resizable) {
 
 const c10::Storage* KernelViews::device_storage_of(
     const at::Tensor& cpu) const {
+  const c10::StorageImpl* impl = cpu.storage().unsafeGetStorageImpl();
   const void* data = cpu.storage().data();
-  if (data == nullptr) {
-    return nullptr;
-  }
   for (const Entry& e : entries_) {
-    if (e.base == data) {
+    // The kernel view's own storage (a view of an input; an empty storage
+    // has no address to match), or another over the same address.
+    if (e.cpu_storage.unsafeGetStorageImpl() == impl ||
+        (data != nullptr && e.base == data)) {
       return &e.device_storage;
     }
   }

@@ -172,4 +172,22 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 // [/doc:minimal-ops-register]
 
+// [doc:record-stream-math-bits]
+// Tensor.record_stream on a conjugate or negative view (x.conj(),
+// x.conj().imag) names the view's memory; its math bit does not matter, so
+// the Conjugate and Negative keys pass it through. Without this, PyTorch's
+// Conjugate/Negative fallback (ATen/native/MathBitsFallback.h) takes it: it
+// clones the view, runs the operator on the clone and then, to copy the clone
+// back, reads the operator's result from the stack, but record_stream returns
+// nothing, so it reads past the end of the stack and releases the clone twice
+// (heap corruption: "free(): corrupted unsorted chunks"; found by tests/fuzz).
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("record_stream", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("record_stream", torch::CppFunction::makeFallthrough());
+}
+// [/doc:record-stream-math-bits]
+
 }  // namespace openreg
