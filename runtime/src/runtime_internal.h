@@ -173,6 +173,7 @@ struct orStream {
   uint64_t completed_ = 0;
   orError_t error_ = orSuccess;
   bool stop_ = false;
+  bool worker_alive_ = false;        // worker_ runs (it retires when idle)
   bool sleeping_ = false;            // the worker waits on work_cv_
   std::atomic<uint64_t> pushed_{0};  // tasks ever pushed (read lock-free)
   std::thread worker_;

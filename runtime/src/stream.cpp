@@ -40,7 +40,11 @@ void orStream::push(Task task) {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(task));
     ++enqueued_;
-    if (!worker_.joinable()) {
+    if (!worker_alive_) {
+      if (worker_.joinable()) {
+        worker_.join();  // it retired when idle and holds no lock
+      }
+      worker_alive_ = true;
       worker_ = std::thread([this] { run(); });
     }
     wake = sleeping_;
@@ -59,7 +63,7 @@ bool orStream::idle() {
 
 orError_t orStream::synchronize() {
   std::unique_lock<std::mutex> lock(mu_);
-  uint64_t target = enqueued_;
+  const uint64_t target = enqueued_;
   done_cv_.wait(lock, [&] { return completed_ >= target; });
   orError_t err = error_;
   error_ = orSuccess;
@@ -73,20 +77,29 @@ void orStream::record_error(orError_t err) {
   }
 }
 
+// [doc:stream-worker]
+// The worker: runs the stream's tasks in order. Idle, it spins briefly
+// (launches come in bursts, and waking a sleeping thread costs the launcher
+// a system call), then sleeps; after kIdleRetire without work it retires,
+// and the next launch starts a new worker. Retiring matters for the process
+// around it: the CPU kernels a worker runs give it a thread pool of its own
+// (OpenMP's), and while that pool exists beside the main thread's, OpenMP
+// sees more threads than cores and makes every thread of every pool sleep
+// at once after each parallel region, which slows the host's own CPU work
+// several times over.
 void orStream::run() {
+  constexpr auto kSpin = std::chrono::microseconds(50);
+  constexpr auto kIdleRetire = std::chrono::milliseconds(10);
   // Kernels run with the stream's device current, as they would on hardware.
   orSetDevice(dev_->index);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     if (queue_.empty() && !stop_) {
-      // Spin briefly before sleeping: launches come in bursts, and waking a
-      // sleeping worker costs the launching thread a system call.
       // The spin reads an atomic counter, never the mutex, so it does not
       // slow down the launching thread.
       const uint64_t seen = pushed_.load(std::memory_order_acquire);
       lock.unlock();
-      const auto until =
-          std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+      const auto until = std::chrono::steady_clock::now() + kSpin;
       while (pushed_.load(std::memory_order_acquire) == seen &&
              std::chrono::steady_clock::now() < until) {
         std::this_thread::yield();
@@ -94,10 +107,14 @@ void orStream::run() {
       lock.lock();
     }
     sleeping_ = true;
-    work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    work_cv_.wait_for(lock, kIdleRetire,
+                      [&] { return stop_ || !queue_.empty(); });
     sleeping_ = false;
     if (queue_.empty()) {
-      return;  // stop_ and drained
+      // Drained and stopping, or idle for kIdleRetire: push() starts a new
+      // worker for the next task.
+      worker_alive_ = false;
+      return;
     }
     Task task = std::move(queue_.front());
     queue_.pop_front();
@@ -123,6 +140,7 @@ void orStream::run() {
     done_cv_.notify_all();
   }
 }
+// [/doc:stream-worker]
 
 using namespace openreg_rt;
 
