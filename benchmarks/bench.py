@@ -1,16 +1,23 @@
-"""openreg vs CPU micro-benchmarks, measured in one process.
+"""openreg vs CPU benchmarks, each device measured in its own fresh process.
 
 Every case runs the same work on the CPU and on ``openreg:0`` and reports
 ``openreg time / cpu time`` (for the copy: openreg bandwidth / cpu
-bandwidth). openreg computes on the host CPU too, so the ratio is the cost of
-the device layer itself: dispatch, kernel launch, allocation and copies.
+bandwidth). openreg computes on the host CPU too, so the ratio is the cost
+of the device layer, or its gain where the host dispatches while the device
+computes.
 
-Method: for each case, warm up, then alternate timed blocks on the CPU and on
-openreg (alternating spreads machine noise over both); each block runs the
-operation ``inner`` times and, for openreg, ends with ``torch.openreg.synchronize()``.
-The time per operation is the median over the blocks.
+Method (see benchmarks/README.md): each (case, device) is timed in a fresh
+Python process, never next to the other device, because work on one device
+can change the speed of the other in the same process (the OpenMP pools of
+two threads compete for the cores). A process warms the case up, then times
+``blocks`` blocks of ``inner`` calls each (openreg blocks end with
+``torch.openreg.synchronize()``) and reports the median time per call. The
+orchestrator runs ``rounds`` such processes per device, alternating which
+device goes first, and reports the ratio of the medians and the range of
+the per-round ratios. ``--busy`` adds a table measured while two other
+processes spin, one per core.
 
-Usage: python benchmarks/bench.py [--quick] [--out DIR]
+Usage: python benchmarks/bench.py [--quick] [--no-busy] [--out DIR]
 Writes DIR/bench.json and DIR/bench.png (DIR defaults to benchmarks/results).
 """
 
@@ -20,6 +27,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -45,19 +53,6 @@ def time_per_op(fn: Callable[[], object], device: torch.device, inner: int) -> f
         fn()
     sync(device)
     return (time.perf_counter() - start) / inner
-
-
-def compare(make: Callable[[torch.device], Callable[[], object]], inner: int, reps: int):
-    """Seconds per op of each block on the CPU and on openreg, measured alternately."""
-    fns = {dev: make(dev) for dev in (CPU, DEVICE)}
-    for dev, fn in fns.items():  # warmup: caches, allocator pools, worker threads
-        for _ in range(2):
-            time_per_op(fn, dev, inner)
-    times = {CPU: [], DEVICE: []}
-    for _ in range(reps):
-        for dev, fn in fns.items():
-            times[dev].append(time_per_op(fn, dev, inner))
-    return times[CPU], times[DEVICE]
 
 
 # --- the cases: each returns a zero-argument callable doing one operation ----
@@ -216,18 +211,140 @@ def copy_64mb(dev):
     return lambda: dst.copy_(src, non_blocking=True)
 
 
-# name, factory, inner calls per block, reps (full, quick), goal, goal is a max?
-CASES = [
-    ("tiny op x+1 (64 floats)", tiny_add, 2000, (25, 5), 1.25, True),
-    ("16M-float add a+b", big_add, 5, (25, 5), 1.05, True),
-    ("1024x1024 matmul", matmul, 10, (25, 5), 1.05, True),
-    ("MLP training step", mlp_step, 5, (25, 5), 1.05, True),
-    ("conv2d 64ch 56x56", conv2d, 5, (25, 5), 1.05, True),
-    ("small CNN training step", cnn_step, 3, (15, 5), 1.05, True),
-    ("transformer block training step", transformer_step, 3, (15, 5), 1.05, True),
-    ("torch.empty(1024)", empty, 5000, (25, 5), 1.2, True),
-    ("64 MB pinned H2D copy (bandwidth)", copy_64mb, 5, (25, 5), 0.9, False),
-]
+def dispatch_step(dev):
+    """A training step too small for the kernels to dominate: dispatch-bound."""
+    torch.manual_seed(0)
+    layers = [m for _ in range(6) for m in (nn.Linear(64, 64), nn.ReLU())]
+    model = nn.Sequential(*layers, nn.Linear(64, 10)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(32, 64).to(dev), torch.randint(10, (32,)).to(dev)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def dropout_mlp(dev):
+    """Forward and backward of a 256-wide MLP with two Dropout(0.1)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(256, 256),
+        nn.ReLU(),
+        nn.Dropout(0.1),
+        nn.Linear(256, 256),
+        nn.ReLU(),
+        nn.Dropout(0.1),
+        nn.Linear(256, 10),
+    ).to(dev)
+    x = torch.randn(128, 256).to(dev)
+
+    def step():
+        for p in model.parameters():
+            p.grad = None
+        model(x).sum().backward()
+
+    return step
+
+
+# name -> (factory, inner calls per block, blocks (full, quick), goal, goal is a max,
+# measured on a busy machine too with that goal (None: not))
+CASES = {
+    "tiny op x+1 (64 floats)": (tiny_add, 2000, (15, 5), 1.10, True, 1.25),
+    "dispatch-bound training step": (dispatch_step, 50, (15, 5), 0.80, True, 1.00),
+    "MLP with 2 dropouts fwd+bwd": (dropout_mlp, 20, (15, 5), 0.90, True, 1.05),
+    "conv2d 64ch 56x56": (conv2d, 5, (15, 5), 1.05, True, None),
+    "transformer block training step": (transformer_step, 3, (15, 5), 1.05, True, None),
+    "1024x1024 matmul": (matmul, 10, (15, 5), 1.05, True, None),
+    "MLP training step": (mlp_step, 5, (15, 5), 1.05, True, None),
+    "small CNN training step": (cnn_step, 3, (15, 5), 1.05, True, None),
+    "16M-float add a+b": (big_add, 5, (15, 5), 1.05, True, None),
+    "torch.empty(1024)": (empty, 5000, (15, 5), 1.2, True, None),
+    "64 MB pinned H2D copy (bandwidth)": (copy_64mb, 5, (15, 5), 0.9, False, None),
+}
+
+# Measured in one openreg process each (not a CPU/openreg ratio of two processes).
+CONTAMINATION = "CPU step after openreg / fresh"
+PEAK = "MLP training step peak memory"
+OVERLAP = "host+device loop / (host + device)"
+
+
+# --- inside a measuring process ----------------------------------------------
+def measure_case(name: str, device: torch.device, quick: bool) -> dict:
+    make, inner, blocks, *_ = CASES[name]
+    fn = make(device)
+    for _ in range(2):  # warm up: plans, allocator pools, worker threads
+        time_per_op(fn, device, inner)
+    times = [time_per_op(fn, device, inner) for _ in range(blocks[1] if quick else blocks[0])]
+    return {"seconds": statistics.median(times), "blocks": times}
+
+
+def cpu_step_seconds(step, blocks: int = 7) -> float:
+    return statistics.median(time_per_op(step, CPU, 50) for _ in range(blocks))
+
+
+def measure_contamination() -> dict:
+    """A CPU training step before and after the same process trained on openreg."""
+    cpu = dispatch_step(CPU)
+    cpu_step_seconds(cpu, 2)
+    fresh = cpu_step_seconds(cpu)
+    dev = dispatch_step(DEVICE)
+    for _ in range(5):
+        time_per_op(dev, DEVICE, 50)
+    after = cpu_step_seconds(cpu)
+    time.sleep(1.0)
+    later = cpu_step_seconds(cpu)
+    return {"fresh_s": fresh, "after_s": after, "one_second_later_s": later}
+
+
+def measure(name: str, device: str, quick: bool) -> dict:
+    if name == CONTAMINATION:
+        return measure_contamination()
+    if name == PEAK:
+        return {"bytes": training_step_peak_bytes(torch.device(device))}
+    if name == OVERLAP:
+        return host_overlap()
+    return measure_case(name, torch.device(device), quick)
+
+
+# --- the orchestrator ---------------------------------------------------------
+def run_fresh(name: str, device: str, quick: bool) -> dict:
+    """Runs `measure(name, device)` in a new Python process."""
+    cmd = [sys.executable, __file__, "--measure", name, "--device", device]
+    if quick:
+        cmd.append("--quick")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"{name} on {device} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+class Spinners:
+    """Processes that keep every core busy while the busy table is measured."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self):
+        spin = "while True: pass"
+        self.procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(self.count)]
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+def fmt_time(s: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s / 1e-9:.3g} ns"
 
 
 def other_cpu_use(seconds: float = 0.5) -> float:
@@ -247,159 +364,199 @@ def other_cpu_use(seconds: float = 0.5) -> float:
     return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
 
 
-def fmt_time(s: float) -> str:
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if s >= scale:
-            return f"{s / scale:.3g} {unit}"
-    return f"{s / 1e-9:.3g} ns"
+def row(name, cpu_col, dev_col, ratio, lo, hi, goal, goal_is_max, **extra) -> dict:
+    passed = ratio <= goal if goal_is_max else ratio >= goal
+    goal_col = f"{'<=' if goal_is_max else '>='}{goal}"
+    print(
+        f"{name:36s} {cpu_col:>10s} {dev_col:>10s} {ratio:7.2f} {goal_col:>7s} "
+        f"[{lo:.2f}-{hi:.2f}]" + ("" if passed else "  (missed)"),
+        flush=True,
+    )
+    return {
+        "name": name,
+        "ratio": ratio,
+        "ratio_range": [lo, hi],
+        "goal": goal,
+        "goal_is_max": goal_is_max,
+        "passed": passed,
+        **extra,
+    }
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def compare_case(name: str, goal: float, goal_is_max: bool, rounds: int, quick: bool) -> dict:
+    inner = CASES[name][1]
+    runs = {"cpu": [], "openreg": []}
+    for r in range(rounds):
+        order = ("cpu", "openreg") if r % 2 == 0 else ("openreg", "cpu")
+        for device in order:
+            runs[device].append(run_fresh(name, device, quick)["seconds"])
+    cpu_s, dev_s = statistics.median(runs["cpu"]), statistics.median(runs["openreg"])
+    per_round = [d / c for c, d in zip(runs["cpu"], runs["openreg"], strict=True)]
+    ratio = dev_s / cpu_s
+    if not goal_is_max:  # bandwidth: higher is better
+        ratio, per_round = 1 / ratio, [1 / p for p in per_round]
+        mb = COPY_BYTES / 1e9
+        cpu_col, dev_col = f"{mb / cpu_s:.2f} GB/s", f"{mb / dev_s:.2f} GB/s"
+    else:
+        cpu_col, dev_col = fmt_time(cpu_s), fmt_time(dev_s)
+    return row(
+        name,
+        cpu_col,
+        dev_col,
+        ratio,
+        min(per_round),
+        max(per_round),
+        goal,
+        goal_is_max,
+        inner=inner,
+        cpu_seconds=runs["cpu"],
+        openreg_seconds=runs["openreg"],
+    )
+
+
+def header(title: str) -> None:
+    line = f"{'benchmark':36s} {'cpu':>10s} {'openreg':>10s} {'ratio':>7s} {'goal':>7s} [range]"
+    print(f"\n{title}\n{line}\n{'-' * len(line)}", flush=True)
+
+
+def idle_table(rounds: int, quick: bool) -> list[dict]:
+    header(f"idle machine: each device in its own fresh process, {rounds} rounds")
+    rows = [compare_case(n, c[3], c[4], rounds, quick) for n, c in CASES.items()]
+
+    runs = [run_fresh(CONTAMINATION, "openreg", quick) for _ in range(rounds)]
+    ratios = [r["after_s"] / r["fresh_s"] for r in runs]
+    later = [r["one_second_later_s"] / r["fresh_s"] for r in runs]
+    fresh = statistics.median(r["fresh_s"] for r in runs)
+    after = statistics.median(r["after_s"] for r in runs)
+    rows.append(
+        row(
+            CONTAMINATION,
+            fmt_time(fresh),
+            fmt_time(after),
+            statistics.median(ratios),
+            min(ratios),
+            max(ratios),
+            1.05,
+            True,
+            runs=runs,
+            one_second_later_ratio=statistics.median(later),
+        )
+    )
+
+    cpu_peak = run_fresh(PEAK, "cpu", quick)["bytes"]
+    dev_peak = run_fresh(PEAK, "openreg", quick)["bytes"]
+    ratio = dev_peak / cpu_peak
+    mib = f"{cpu_peak / 2**20:.2f} MiB", f"{dev_peak / 2**20:.2f} MiB"
+    rows.append(row(PEAK, *mib, ratio, ratio, ratio, 1.1, True, cpu_bytes=cpu_peak))
+
+    ov = [run_fresh(OVERLAP, "openreg", quick) for _ in range(rounds)]
+    ratios = [o["both_s"] / (o["host_s"] + o["device_s"]) for o in ov]
+    both = statistics.median(o["both_s"] for o in ov)
+    apart = statistics.median(o["host_s"] + o["device_s"] for o in ov)
+    rows.append(
+        row(
+            OVERLAP,
+            fmt_time(apart),
+            fmt_time(both),
+            statistics.median(ratios),
+            min(ratios),
+            max(ratios),
+            0.99,
+            True,
+            runs=ov,
+        )
+    )
+    return rows
+
+
+def busy_table(rounds: int, quick: bool) -> list[dict]:
+    cores = os.cpu_count() or 2
+    header(f"busy machine: {cores} spinning processes (one per core), {rounds} rounds")
+    with Spinners(cores):
+        return [
+            compare_case(n, c[5], c[4], rounds, quick) for n, c in CASES.items() if c[5] is not None
+        ]
+
+
+def plot(tables: dict[str, list[dict]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4.8))
-    xs = range(len(rows))
-    colors = ["tab:green" if r["passed"] else "tab:red" for r in rows]
-    ax.bar(xs, [r["ratio"] for r in rows], color=colors, width=0.6)
-    for x, r in zip(xs, rows, strict=True):
-        ax.hlines(r["goal"], x - 0.4, x + 0.4, colors="black", linestyles="--", linewidth=1.5)
-        top = max(r["ratio"], r["goal"])  # keep the value clear of the goal line
-        ax.annotate(
-            f"{r['ratio']:.2f}",
-            (x, top),
-            xytext=(0, 4),
-            textcoords="offset points",
-            ha="center",
-            va="bottom",
-        )
-    ax.axhline(1.0, color="gray", linewidth=0.8)
-    labels = [
-        r["name"].replace(" (", "\n(") + f"\ngoal {'<=' if r['goal_is_max'] else '>='}{r['goal']}"
-        for r in rows
-    ]
-    ax.set_xticks(list(xs), labels, fontsize=8)
-    ax.set_ylabel("openreg / cpu  (time; bandwidth for the copy)")
-    ax.set_title("openreg vs CPU (dashed: goal; green: goal met, red: missed)")
-    ax.set_ylim(0, max(max(r["ratio"] for r in rows), 1.3) * 1.15)
+    widths = [len(rows) for rows in tables.values()]
+    fig, axes = plt.subplots(
+        1, len(tables), figsize=(4 + 0.9 * sum(widths), 5.5), gridspec_kw={"width_ratios": widths}
+    )
+    axes = axes if len(tables) > 1 else [axes]
+    for ax, (title, rows) in zip(axes, tables.items(), strict=True):
+        xs = range(len(rows))
+        colors = ["tab:green" if r["passed"] else "tab:red" for r in rows]
+        lo = [r["ratio"] - r["ratio_range"][0] for r in rows]
+        hi = [r["ratio_range"][1] - r["ratio"] for r in rows]
+        ax.bar(xs, [r["ratio"] for r in rows], color=colors, width=0.6, yerr=[lo, hi], capsize=3)
+        for x, r in zip(xs, rows, strict=True):
+            ax.hlines(r["goal"], x - 0.4, x + 0.4, colors="black", linestyles="--", linewidth=1.5)
+            top = max(r["ratio_range"][1], r["goal"])
+            ax.annotate(
+                f"{r['ratio']:.2f}",
+                (x, top),
+                xytext=(0, 4),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        labels = [r["name"] + f"\n{'<=' if r['goal_is_max'] else '>='}{r['goal']}" for r in rows]
+        ax.set_xticks(list(xs), labels, fontsize=7, rotation=60, ha="right")
+        ax.set_title(title, fontsize=10)
+        ax.set_ylim(0, max(max(r["ratio_range"][1] for r in rows), 1.3) * 1.15)
+    axes[0].set_ylabel("openreg / cpu (time; bandwidth for the copy)")
+    fig.suptitle("openreg vs CPU, fresh process per device (dashed: goal; bars: range)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def main() -> int:
-    # The CPU fallback names each operator it serves once; not news here.
-    torch.openreg.set_fallback_warnings(False)
     parser = argparse.ArgumentParser(description="openreg/CPU time ratios")
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--quick", action="store_true", help="1 round, fewer blocks")
+    parser.add_argument("--no-busy", action="store_true", help="skip the busy-machine table")
+    parser.add_argument("--rounds", type=int, default=None, help="processes per device (3)")
     parser.add_argument(
         "--out",
         type=Path,
         default=Path(__file__).parent / "results",
         help="output directory (default benchmarks/results)",
     )
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    parser.add_argument("--device", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.openreg.init()
+    if args.measure:
+        print(json.dumps(measure(args.measure, args.device, args.quick)))
+        return 0
+
+    rounds = args.rounds or (1 if args.quick else 3)
     t_start = time.perf_counter()
     busy = other_cpu_use()
     if busy > 0.1:
         print(f"warning: other processes use {busy:.0%} of the CPUs; the ratios will be noisy")
-
-    rows = []
-    header = (
-        f"{'benchmark':36s} {'cpu':>10s} {'openreg':>10s} {'ratio':>7s} {'goal':>7s} [quartiles]"
-    )
-    print(header)
-    print("-" * len(header))
-    for name, make, inner, reps, goal, goal_is_max in CASES:
-        cpu_times, dev_times = compare(make, inner, reps[1] if args.quick else reps[0])
-        cpu_s, dev_s = statistics.median(cpu_times), statistics.median(dev_times)
-        # The ratio is the median of the ratios of adjacent blocks (measured
-        # alternately), which cancels slow drifts of the machine's speed;
-        # the quartiles of those ratios show the spread.
-        pairs = [d / c for c, d in zip(cpu_times, dev_times, strict=True)]
-        if not goal_is_max:  # bandwidth ratio, higher is better
-            pairs = [1 / r for r in pairs]
-        q1, ratio, q3 = statistics.quantiles(pairs, n=4)
-        passed = ratio <= goal if goal_is_max else ratio >= goal
-        if goal_is_max:
-            cpu_col, dev_col = fmt_time(cpu_s), fmt_time(dev_s)
-        else:
-            cpu_col = f"{COPY_BYTES / cpu_s / 1e9:.2f} GB/s"
-            dev_col = f"{COPY_BYTES / dev_s / 1e9:.2f} GB/s"
-        goal_col = f"{'<=' if goal_is_max else '>='}{goal}"
-        mark = "" if passed else "  (missed)"
-        print(
-            f"{name:36s} {cpu_col:>10s} {dev_col:>10s} {ratio:7.2f} {goal_col:>7s} "
-            f"[{q1:.2f}-{q3:.2f}]{mark}",
-            flush=True,
-        )
-        rows.append(
-            {
-                "name": name,
-                "cpu_seconds": cpu_s,
-                "openreg_seconds": dev_s,
-                "ratio": ratio,
-                "ratio_quartiles": [q1, q3],
-                "goal": goal,
-                "goal_is_max": goal_is_max,
-                "passed": passed,
-                "inner": inner,
-                "cpu_block_seconds": cpu_times,
-                "openreg_block_seconds": dev_times,
-            }
-        )
-
-    cpu_peak = training_step_peak_bytes(torch.device("cpu"))
-    dev_peak = training_step_peak_bytes(DEVICE)
-    ratio = dev_peak / cpu_peak
-    name = "MLP training step peak memory"
-    print(
-        f"{name:36s} {cpu_peak / 2**20:7.2f} MiB {dev_peak / 2**20:7.2f} MiB "
-        f"{ratio:7.2f} {'<=1.1':>7s}" + ("" if ratio <= 1.1 else "  (missed)")
-    )
-    rows.append(
-        {
-            "name": name,
-            "cpu_bytes": cpu_peak,
-            "openreg_bytes": dev_peak,
-            "ratio": ratio,
-            "goal": 1.1,
-            "goal_is_max": True,
-            "passed": ratio <= 1.1,
-        }
-    )
-
-    ov = host_overlap()
-    ratio = ov["both_s"] / (ov["host_s"] + ov["device_s"])
-    name = "host+device loop / (host + device)"
-    print(
-        f"{name:36s} {fmt_time(ov['host_s'] + ov['device_s']):>10s} {fmt_time(ov['both_s']):>10s} "
-        f"{ratio:7.2f} {'<1.0':>7s}" + ("" if ratio < 1.0 else "  (missed)")
-    )
-    rows.append(
-        {
-            "name": name,
-            **ov,
-            "ratio": ratio,
-            "goal": 1.0,
-            "goal_is_max": True,
-            "passed": ratio < 1.0,
-        }
-    )
-
+    tables = {"idle": idle_table(rounds, args.quick)}
+    if not args.no_busy:
+        tables["busy"] = busy_table(rounds, args.quick)
+    rows = [r for t in tables.values() for r in t]
     met = sum(r["passed"] for r in rows)
     elapsed = time.perf_counter() - t_start
     print(
-        f"{met}/{len(rows)} goals met in {elapsed:.1f} s "
-        "(ratio: openreg/cpu time, or openreg/cpu bandwidth for the copy)"
+        f"\n{met}/{len(rows)} goals met in {elapsed:.0f} s (ratio: openreg/cpu time, "
+        "or openreg/cpu bandwidth for the copy; range: over the rounds)"
     )
 
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "method": "each (case, device) in a fresh process; median of the rounds",
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
@@ -409,13 +566,13 @@ def main() -> int:
             "python": sys.version.split()[0],
         },
         "torch_version": torch.__version__,
-        "openreg_device": torch.openreg.get_device_name(DEVICE),
         "quick": args.quick,
+        "rounds": rounds,
         "seconds": elapsed,
-        "rows": rows,
+        "tables": tables,
     }
     (args.out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(rows, args.out / "bench.png")
+    plot(tables, args.out / "bench.png")
     print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")
     return 0
 

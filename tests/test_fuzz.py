@@ -9,11 +9,10 @@ their minimal repro.
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import describe, run_python
 from fuzz.minimize import minimize
 from fuzz.program import Program, Stmt, compare, repro_source, run_program
 from fuzz.runner import run_seed
@@ -47,14 +46,10 @@ def test_random_programs_match_the_cpu(streams, start, count):
 def _in_subprocess(tmp_path, code):
     """Runs code in a fresh interpreter (a heap corruption aborts it, not pytest)."""
     tests_dir = os.path.dirname(os.path.abspath(__file__))
-    run = subprocess.run(
-        [sys.executable, "-c", f"import sys; sys.path.insert(0, {tests_dir!r})\n{code}"],
-        capture_output=True,
-        text=True,
-        timeout=170,
-        cwd=tmp_path,
+    run = run_python(
+        f"import sys; sys.path.insert(0, {tests_dir!r})\n{code}", tmp_path, timeout=170
     )
-    assert run.returncode == 0, (run.returncode, run.stdout[-2000:], run.stderr[-2000:])
+    assert run.returncode == 0, describe(run)
     return run.stdout
 
 
@@ -152,20 +147,16 @@ def test_divergences_are_found_minimized_and_printed(tmp_path):
     ]
     path = tmp_path / "repro.py"
     path.write_text(repro_source(small, found))
-    run = subprocess.run(
-        [sys.executable, str(path)], capture_output=True, text=True, timeout=120, cwd=tmp_path
-    )
-    assert run.returncode == 0, run.stderr
+    run = run_python(None, tmp_path, args=[path])
+    assert run.returncode == 0, describe(run)
     assert "DIVERGES from the CPU" in run.stdout and "t2 differs" in run.stdout
 
 
 def test_a_race_free_program_prints_a_clean_repro(tmp_path):
     path = tmp_path / "repro.py"
     path.write_text(repro_source(generate(3, 2, 20)))
-    run = subprocess.run(
-        [sys.executable, str(path)], capture_output=True, text=True, timeout=120, cwd=tmp_path
-    )
-    assert run.returncode == 0, run.stderr
+    run = run_python(None, tmp_path, args=[path])
+    assert run.returncode == 0, describe(run)
     assert run.stdout.strip().endswith("same as the CPU")
 
 

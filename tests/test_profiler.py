@@ -78,8 +78,9 @@ def test_kernels_are_device_events_linked_to_their_operator():
     linked = _linked_ops(prof)
     assert linked["aten::mm.out [kernel]"] == {"aten::mm"}
     assert linked["aten::add.out [kernel]"] == {"aten::add"}
-    # The copy to the host runs inline (run_sync), after the stream drained.
-    assert linked["aten::_copy_from [sync]"] == {"aten::_copy_from"}
+    # The copy to pageable host memory is a device copy the host waits for,
+    # named as CUDA names it.
+    assert linked["Memcpy DtoH (openreg -> Pageable)"] == {"aten::_copy_from"}
 
     # The operator that launched a kernel carries its device time.
     mm = _ops(prof, "aten::mm")

@@ -109,14 +109,14 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
     // stream (sync debug mode reports it).
     warn_or_error_on_sync("a blocking copy between openreg and the CPU");
   }
+  // Tensors sharing memory take the kernel path, whose TensorIterator
+  // rejects partial overlap exactly as the CPU does.
+  if (can_memcpy(self, dst) && !self.storage().is_alias_of(dst.storage())) {
+    memcpy_blocking(dst.data_ptr(), self.const_data_ptr(), dst.nbytes(),
+                    kind_of(self, dst), getCurrentStream(device));
+    return dst;
+  }
   run_sync(device, [&] {
-    // Tensors sharing memory take the kernel path, whose TensorIterator
-    // rejects partial overlap exactly as the CPU does.
-    if (can_memcpy(self, dst) && !self.storage().is_alias_of(dst.storage())) {
-      memcpy_blocking(dst.data_ptr(), self.const_data_ptr(), dst.nbytes(),
-                      kind_of(self, dst), getCurrentStream(device));
-      return;
-    }
     // General case: PyTorch's CPU copy kernel over the kernel views handles
     // broadcasting, strides and dtype conversion in one pass.
     KernelViews views;

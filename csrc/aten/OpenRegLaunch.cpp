@@ -11,19 +11,33 @@
 // usable.
 #include "aten/OpenRegLaunch.h"
 
+#include <ATen/ThreadLocalState.h>
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 
 #include "core/OpenRegException.h"
+#include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
+#include "profiler/OpenRegProfiler.h"
 
 namespace openreg {
 
 namespace {
+
+// True on a stream's worker while it runs a kernel of this file.
+thread_local bool t_on_worker = false;
+
+struct OnWorker {
+  OnWorker() { t_on_worker = true; }
+  ~OnWorker() { t_on_worker = false; }
+  OnWorker(const OnWorker&) = delete;
+  OnWorker& operator=(const OnWorker&) = delete;
+};
 
 struct KernelTask {
   std::function<void()> kernel;
@@ -46,6 +60,7 @@ class DeferWarnings : public c10::WarningHandler {
 
 int run_task(void* data) {
   std::unique_ptr<KernelTask> task(static_cast<KernelTask*>(data));
+  const OnWorker on_worker;
   DeferWarnings defer(task->stream);
   const c10::WarningUtils::WarningHandlerGuard guard(&defer);
   try {
@@ -59,7 +74,51 @@ int run_task(void* data) {
   return 1;
 }
 
+// A kernel the host waits for (run_sync): it runs on the stream's worker in
+// the state of the thread that launched it, and what it throws goes back to
+// that thread.
+struct SyncCall {
+  c10::function_ref<void()> kernel;
+  at::ThreadLocalState state;
+  c10::WarningHandler* warnings;
+  std::exception_ptr error;
+};
+
+int run_sync_call(void* data) {
+  auto* call = static_cast<SyncCall*>(data);
+  const OnWorker on_worker;
+  const at::ThreadLocalStateGuard state(call->state);
+  const c10::WarningUtils::WarningHandlerGuard warnings(call->warnings);
+  try {
+    call->kernel();
+  } catch (...) {
+    call->error = std::current_exception();
+  }
+  return 0;
+}
+
 }  // namespace
+
+// [doc:run-sync]
+void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel) {
+  if (t_on_worker) {
+    // Already on a worker, in stream order: waiting for the stream here
+    // would wait for this very call.
+    kernel();
+    return;
+  }
+  OpenRegStream stream = getCurrentStream(device);
+  stream.synchronize();
+  const profiler::InlineKernel trace(device);
+  SyncCall call{kernel, at::ThreadLocalState(),
+                c10::WarningUtils::get_warning_handler(), nullptr};
+  OPENREG_CHECK(orLaunchKernel(stream.native(), &run_sync_call, &call));
+  stream.synchronize();
+  if (call.error) {
+    std::rethrow_exception(call.error);
+  }
+}
+// [/doc:run-sync]
 
 bool launch_blocking() {
   static const bool blocking = [] {
@@ -74,9 +133,7 @@ void launch_async(c10::DeviceIndex device, std::string op,
                   std::function<void()> kernel) {
   OpenRegStream stream = getCurrentStream(device);
   if (launch_blocking()) {
-    stream.synchronize();
-    const profiler::InlineKernel trace(device);
-    kernel();
+    run_sync(device, kernel);
     return;
   }
   const profiler::QueuedKernel trace(stream.unwrap(), op, kernel);

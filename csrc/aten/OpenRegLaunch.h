@@ -8,32 +8,28 @@
 // the next synchronization (OpenRegSynchronize.h).
 // With OPENREG_LAUNCH_BLOCKING=1 every launch runs at once and waits.
 //
-// run_sync() is for work whose result the host needs now (copies to the
-// host, ops whose output shape depends on the data, ops returning scalars):
-// it waits for the stream's queued work (raising any deferred error), then
-// runs `kernel` on the calling thread.
+// run_sync() is for work whose result the host needs now (ops whose output
+// shape depends on the data, the first run of an op signature): it waits for
+// the stream's queued work (raising any deferred error), runs `kernel` on the
+// stream's worker with the calling thread's state (dispatch and autograd
+// modes, warning handler), waits for it and rethrows what it threw. The host
+// thread never computes: a CPU kernel run on a host thread other than the
+// main one would give that thread an OpenMP pool of its own, which slows
+// every CPU kernel of the process (see docs/runtime.md).
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/util/FunctionRef.h>
 
 #include <functional>
 #include <string>
-#include <utility>
-
-#include "core/OpenRegStream.h"
-#include "profiler/OpenRegProfiler.h"
 
 namespace openreg {
 
 void launch_async(c10::DeviceIndex device, std::string op,
                   std::function<void()> kernel);
 
-template <typename F>
-void run_sync(c10::DeviceIndex device, F&& kernel) {
-  getCurrentStream(device).synchronize();
-  const profiler::InlineKernel trace(device);
-  std::forward<F>(kernel)();
-}
+void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel);
 
 // True when OPENREG_LAUNCH_BLOCKING=1.
 bool launch_blocking();

@@ -19,6 +19,21 @@ std::unordered_map<orStream_t, std::string> g_errors;
 std::unordered_map<orStream_t, std::vector<c10::Warning>> g_warnings;
 
 std::atomic<SyncTraceFn> g_sync_trace{nullptr};
+std::atomic<HostWaitHook> g_host_wait{nullptr};
+
+// Runs `wait` (which blocks on the runtime) through the host wait hook.
+template <typename F>
+orError_t host_wait(F&& wait) {
+  orError_t err = orSuccess;
+  auto call = [&] { err = wait(); };
+  using Call = decltype(call);
+  if (HostWaitHook hook = g_host_wait.load(std::memory_order_acquire)) {
+    hook([](void* arg) { (*static_cast<Call*>(arg))(); }, &call);
+  } else {
+    call();
+  }
+  return err;
+}
 
 // Raises the deferred warnings of `stream` (nullptr: of every stream of
 // `device`) on the calling thread.
@@ -96,7 +111,8 @@ void record_kernel_warning(orStream_t stream, const c10::Warning& warning) {
 
 void synchronize_stream(orStream_t stream, c10::DeviceIndex device,
                         int64_t id) {
-  const orError_t err = orStreamSynchronize(stream);
+  const orError_t err =
+      host_wait([stream] { return orStreamSynchronize(stream); });
   raise_deferred_warnings(stream, device);
   raise_deferred(err, stream, device);
   trace_sync("sync_stream", 0, id, device);
@@ -104,7 +120,7 @@ void synchronize_stream(orStream_t stream, c10::DeviceIndex device,
 
 void synchronize_device(c10::DeviceIndex device) {
   ScopedDevice guard(device);
-  const orError_t err = orDeviceSynchronize();
+  const orError_t err = host_wait([] { return orDeviceSynchronize(); });
   raise_deferred_warnings(nullptr, device);
   raise_deferred(err, nullptr, device);
   trace_sync("sync_device", 0, 0, device);
@@ -115,11 +131,15 @@ void synchronize_event(orEvent_t event) {
   if (event == nullptr) {
     return;
   }
-  OPENREG_CHECK(orEventSynchronize(event));
+  OPENREG_CHECK(host_wait([event] { return orEventSynchronize(event); }));
   trace_sync("sync_event", reinterpret_cast<int64_t>(event), 0, -1);
 }
 
 void set_sync_trace(SyncTraceFn fn) { g_sync_trace.store(fn); }
+
+void set_host_wait_hook(HostWaitHook hook) {
+  g_host_wait.store(hook, std::memory_order_release);
+}
 
 void trace_sync(const char* kind, int64_t event, int64_t stream,
                 int64_t device) {

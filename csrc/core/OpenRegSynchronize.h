@@ -36,6 +36,13 @@ void synchronize_device(c10::DeviceIndex device);
 // Waits until `event` has completed (a never-recorded event is complete).
 void synchronize_event(orEvent_t event);
 
+// How the host waits. The Python module installs a hook that releases the
+// GIL around each wait when the waiting thread holds it, so that device work
+// needing the GIL (a CPU kernel written in Python, run through the fallback)
+// can run meanwhile. `wait(arg)` does the waiting; the hook must call it once.
+using HostWaitHook = void (*)(void (*wait)(void*), void* arg);
+void set_host_wait_hook(HostWaitHook hook);
+
 // Synchronization trace for the stream sanitizer: when set, every event
 // record/wait and every host synchronization is reported. kind is one of
 // "record" (event, stream, device), "wait" (event, stream, device),

@@ -29,7 +29,7 @@ void memcpy_on_stream(void* dst, const void* src, size_t nbytes,
     // on the stream is raised by name.
     stream.synchronize();
   }
-  const profiler::QueuedCopy trace(stream.unwrap(), kind);
+  const profiler::QueuedCopy trace(stream.unwrap(), kind, !pageable);
   OPENREG_CHECK(orMemcpyAsync(dst, src, nbytes, kind, stream.native()));
 }
 // [/doc:memcpy-choke-point]

@@ -68,14 +68,15 @@ class QueuedKernel {
   uint32_t flow_ = 0;
 };
 
-// A runtime copy queued on `stream` (orMemcpyAsync). Construct it right
-// before the runtime call and keep it alive until the call has returned:
-// while recording it enqueues a timestamp before and after the copy.
+// A runtime copy queued on `stream` (orMemcpyAsync); `pinned`: its host side
+// (if any) is pinned memory. Construct it right before the runtime call and
+// keep it alive until the call has returned: while recording it enqueues a
+// timestamp before and after the copy.
 class QueuedCopy {
  public:
-  QueuedCopy(const c10::Stream& stream, orMemcpyKind kind) {
+  QueuedCopy(const c10::Stream& stream, orMemcpyKind kind, bool pinned) {
     if (C10_UNLIKELY(recording())) {
-      begin(stream, kind);
+      begin(stream, kind, pinned);
     }
   }
   ~QueuedCopy() {
@@ -87,15 +88,15 @@ class QueuedCopy {
   QueuedCopy& operator=(const QueuedCopy&) = delete;
 
  private:
-  void begin(const c10::Stream& stream, orMemcpyKind kind);
+  void begin(const c10::Stream& stream, orMemcpyKind kind, bool pinned);
   void end() noexcept;
   uint32_t flow_ = 0;
   orStream_t stream_ = nullptr;
 };
 
-// Device work run on the calling thread after its stream drained (run_sync,
-// OPENREG_LAUNCH_BLOCKING): the scope of the object is the kernel's span on
-// the device's current stream.
+// Device work the host waits for (run_sync, OPENREG_LAUNCH_BLOCKING): the
+// scope of the object, on the waiting thread, is the kernel's span on the
+// device's current stream.
 class InlineKernel {
  public:
   explicit InlineKernel(c10::DeviceIndex device) {

@@ -60,12 +60,14 @@ void* as_data(uint32_t flow) {
   return reinterpret_cast<void*>(static_cast<uintptr_t>(flow));
 }
 
-const char* copy_name(orMemcpyKind kind) {
+const char* copy_name(orMemcpyKind kind, bool pinned) {
   switch (kind) {
     case orMemcpyHostToDevice:
-      return "Memcpy HtoD (Pinned -> openreg)";
+      return pinned ? "Memcpy HtoD (Pinned -> openreg)"
+                    : "Memcpy HtoD (Pageable -> openreg)";
     case orMemcpyDeviceToHost:
-      return "Memcpy DtoH (openreg -> Pinned)";
+      return pinned ? "Memcpy DtoH (openreg -> Pinned)"
+                    : "Memcpy DtoH (openreg -> Pageable)";
     case orMemcpyDeviceToDevice:
       return "Memcpy DtoD (openreg -> openreg)";
     default:
@@ -94,10 +96,11 @@ void QueuedKernel::end() noexcept {
 }
 // [/doc:queued-kernel]
 
-void QueuedCopy::begin(const c10::Stream& stream, orMemcpyKind kind) {
+void QueuedCopy::begin(const c10::Stream& stream, orMemcpyKind kind,
+                       bool pinned) {
   const int64_t t = now_ns();
   const uint32_t flow =
-      collector().launched(Work::kCopy, stream, copy_name(kind), t);
+      collector().launched(Work::kCopy, stream, copy_name(kind, pinned), t);
   stream_ = native_stream(stream);
   // A failed stamp leaves the record without a device part; the copy itself
   // is unaffected.

@@ -89,6 +89,17 @@ void set_trace_callback(py::object callback) {
   set_sync_trace(&call_trace);
 }
 
+// The host waits for the device without the GIL: device work may need it
+// (a CPU kernel written in Python), and other Python threads run meanwhile.
+void wait_without_gil(void (*wait)(void*), void* arg) {
+  if (Py_IsInitialized() && PyGILState_Check() != 0) {
+    const py::gil_scoped_release no_gil;
+    wait(arg);
+  } else {
+    wait(arg);
+  }
+}
+
 // torch.cuda.memory_snapshot()'s shape: block addresses follow from the
 // segment's address and the sizes of the blocks before them.
 py::list snapshot_to_python() {
@@ -235,6 +246,7 @@ at::Tensor open_shared(const py::tuple& t) {
 PYBIND11_MODULE(_C, m) {
   using namespace openreg;
   m.doc() = "openreg: a simulated PyTorch accelerator (C++ part)";
+  set_host_wait_hook(&wait_without_gil);
 
   py::class_<DeviceProperties>(m, "_OpenRegDeviceProperties")
       .def_readonly("name", &DeviceProperties::name)
