@@ -227,6 +227,15 @@ def test_from_blob_refuses_bad_pointers():
     # 64 MiB reach past the driver allocation holding a 16-byte tensor.
     with pytest.raises(RuntimeError, match="run past the end of its allocation"):
         torch.openreg.from_blob(x.data_ptr(), (16 << 20,), dtype=torch.float32, owner=x)
+    # The allocation is the tensor's block, not the segment it was cut from:
+    # 5 floats reach past a 4-float tensor though the segment is larger.
+    with pytest.raises(RuntimeError, match=r"run past the end of its allocation \(16 bytes"):
+        torch.openreg.from_blob(x.data_ptr(), (5,), dtype=torch.float32, owner=x)
+    y = torch.ones(4, device=D0)
+    address = y.data_ptr()
+    del y  # its block goes back to the cache
+    with pytest.raises(RuntimeError, match="memory that was freed"):
+        torch.openreg.from_blob(address, (4,), dtype=torch.float32)
     with pytest.raises(RuntimeError, match="2 sizes but 1 strides"):
         torch.openreg.from_blob(x.data_ptr(), (2, 2), stride=(1,), dtype=torch.float32, owner=x)
 

@@ -310,7 +310,8 @@ def test_ordinary_pickle_still_copies():
 
 
 def test_unshareable_tensors_raise_at_put_when_put_pickles():
-    blob = torch.openreg.from_blob(torch.ones(4, device=D0).data_ptr(), [4], dtype=torch.float32)
+    owner = torch.ones(4, device=D0)
+    blob = torch.openreg.from_blob(owner.data_ptr(), [4], dtype=torch.float32, owner=owner)
     with pytest.raises(RuntimeError, match="not allocated by openreg's caching allocator"):
         ForkingPickler(io.BytesIO()).dump(blob)
     with pytest.raises(RuntimeError, match="not allocated by openreg's caching allocator"):

@@ -5,6 +5,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 
+#include <optional>
 #include <vector>
 
 namespace openreg {
@@ -24,6 +25,18 @@ double get_memory_fraction(c10::DeviceIndex device);
 // device with its blocks. A segment's `stream` holds the c10::StreamId of the
 // stream it belongs to (what torch.Stream.stream_id shows), not an address.
 std::vector<c10::CachingDeviceAllocator::SegmentInfo> memory_snapshot();
+
+// The block of the caching allocator that holds device address p on
+// `device`: where it starts, the bytes its owner asked for, and whether it
+// is allocated now (false: freed, cached for reuse). nullopt when no segment
+// of the caching allocator holds p (memory the runtime gave someone else).
+struct DeviceBlockExtent {
+  const char* begin;
+  size_t size;
+  bool allocated;
+};
+std::optional<DeviceBlockExtent> find_device_block(const void* p,
+                                                   c10::DeviceIndex device);
 
 // The caching pinned host allocator (tensor.pin_memory(), DataLoader pinning).
 at::HostAllocator* host_allocator();

@@ -199,6 +199,16 @@ void OpenRegCachingAllocator::delete_block(void* ptr) {
 
 c10::DeviceAllocator* device_allocator() { return &g_allocator; }
 
+std::optional<DeviceBlockExtent> find_device_block(const void* p,
+                                                   c10::DeviceIndex device) {
+  DeviceBlockExtent out{};
+  if (!g_allocator.cache(device).find(p, &out.begin, &out.size,
+                                      &out.allocated)) {
+    return std::nullopt;
+  }
+  return out;
+}
+
 void set_memory_fraction(double fraction, c10::DeviceIndex device) {
   TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0,
               "Invalid fraction value: ", fraction, ". Allowed range: 0~1");

@@ -183,6 +183,23 @@ double DeviceCache::fraction() {
   return fraction_;
 }
 
+bool DeviceCache::find(const void* p, const char** begin, size_t* size,
+                       bool* allocated) {
+  const auto* c = static_cast<const char*>(p);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Block* head : segments_) {
+    for (Block* b = head; b != nullptr; b = b->next) {
+      if (c >= b->ptr && c < b->ptr + b->size) {
+        *begin = b->ptr;
+        *size = b->allocated ? b->requested : b->size;
+        *allocated = b->allocated;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 std::vector<c10::CachingDeviceAllocator::SegmentInfo> DeviceCache::snapshot() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<c10::CachingDeviceAllocator::SegmentInfo> out;

@@ -102,6 +102,10 @@ class DeviceCache {
   // openreg's runtime streams have no handle visible from Python.
   std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot();
 
+  // The block of this cache holding address p: its start, its requested
+  // size, and whether it is allocated. False if no segment holds p.
+  bool find(const void* p, const char** begin, size_t* size, bool* allocated);
+
  private:
   void pool_insert(Block* b);
   void pool_erase(Block* b);

@@ -180,11 +180,23 @@ at::Tensor from_blob(uintptr_t address, std::vector<int64_t> sizes,
   const size_t itemsize = c10::elementSize(dtype);
   const size_t nbytes = (at::detail::computeStorageNbytes(sizes, st, itemsize) +
                          static_cast<size_t>(storage_offset) * itemsize);
+  // The allocation is the caching allocator's block holding the address
+  // (the runtime only knows the segment the block was cut from), or else
+  // what the runtime reports.
   const auto* base = static_cast<const char*>(attr.base);
+  size_t size = attr.size;
+  if (const auto block =
+          find_device_block(data, static_cast<c10::DeviceIndex>(attr.device))) {
+    TORCH_CHECK(block->allocated, "from_blob: address 0x", std::hex, address,
+                std::dec, " is in openreg memory that was freed (a block of ",
+                block->size, " bytes the caching allocator keeps for reuse)");
+    base = block->begin;
+    size = block->size;
+  }
   const auto* begin = static_cast<const char*>(data);
-  TORCH_CHECK(begin + nbytes <= base + attr.size, "from_blob: ", nbytes,
+  TORCH_CHECK(begin + nbytes <= base + size, "from_blob: ", nbytes,
               " bytes from address 0x", std::hex, address, std::dec,
-              " run past the end of its allocation (", attr.size,
+              " run past the end of its allocation (", size,
               " bytes, starting ", begin - base, " bytes earlier)");
   auto* keep = new py::object(std::move(owner));
   return at::for_blob(data, sizes)
