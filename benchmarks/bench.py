@@ -530,6 +530,9 @@ def main() -> int:
         default=Path(__file__).parent / "results",
         help="output directory (default benchmarks/results)",
     )
+    parser.add_argument(
+        "--only", help="only the cases whose name contains this text (idle table, no extra rows)"
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--device", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -542,8 +545,13 @@ def main() -> int:
     busy = other_cpu_use()
     if busy > 0.1:
         print(f"warning: other processes use {busy:.0%} of the CPUs; the ratios will be noisy")
-    tables = {"idle": idle_table(rounds, args.quick)}
-    if not args.no_busy:
+    if args.only:
+        header(f"idle machine, cases matching {args.only!r}: {rounds} rounds")
+        selected = [(n, c) for n, c in CASES.items() if args.only in n]
+        tables = {"idle": [compare_case(n, c[3], c[4], rounds, args.quick) for n, c in selected]}
+    else:
+        tables = {"idle": idle_table(rounds, args.quick)}
+    if not args.no_busy and not args.only:
         tables["busy"] = busy_table(rounds, args.quick)
     rows = [r for t in tables.values() for r in t]
     met = sum(r["passed"] for r in rows)
