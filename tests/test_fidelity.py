@@ -125,6 +125,33 @@ def test_out_resizing_and_warnings(name):
     _same_as_cpu(RESIZE_CASES[name], repeat=3)
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x, v: x.fill_(v),
+        lambda x, v: x.masked_fill_(torch.tensor([True, False, True], device=x.device), v),
+        lambda x, v: x.index_fill_(0, torch.tensor([0], device=x.device), v),
+    ],
+    ids=["fill_", "masked_fill_", "index_fill_"],
+)
+def test_scalar_that_does_not_fit_self_raises_at_the_call(call):
+    # The first call of a signature runs synchronously; later ones are queued,
+    # and still raise the CPU's overflow error at the call, leaving x as is.
+    results = []
+    for d in ("cpu", D):
+        x = torch.zeros(3, dtype=torch.uint8, device=d)
+        call(x, 1.5)
+        call(x, 2.5)
+        with pytest.raises(
+            RuntimeError, match="cannot be converted to type uint8_t without overflow"
+        ):
+            call(x, -1.5)
+        if d == D:
+            torch.openreg.synchronize()  # nothing was deferred
+        results.append(x.tolist())
+    assert results[1] == results[0]
+
+
 def test_uint8_mask_deprecation_reaches_python_once():
     def masked(d):
         x = torch.zeros(4, device=d)

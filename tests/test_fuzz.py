@@ -20,7 +20,6 @@ from fuzz.streams import check
 from fuzz.vocab import generate
 
 D = "openreg"
-BLOCKING = os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1"
 
 # (streams, first seed, programs): ~450 programs of ~30 statements. Each
 # program runs twice on openreg: the first call of a signature runs
@@ -229,9 +228,6 @@ def test_out_resized_before_an_error_keeps_its_shape():
     assert dev == cpu
 
 
-@pytest.mark.xfail(
-    not BLOCKING, strict=True, reason="open: a Scalar that does not fit is raised at the next sync"
-)
 def test_scalar_that_does_not_fit_the_dtype_raises_at_the_call():
     x = torch.zeros(3, dtype=torch.uint8, device=D)
     x.fill_(2.5)

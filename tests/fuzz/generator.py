@@ -48,7 +48,8 @@ KNOWN_ISSUES = {
     "scalar-overflow-deferred": (
         "a Scalar that does not fit the tensor's dtype (torch.full((2,), -1.5, dtype=uint8)): "
         "the CPU raises at the call, openreg at the next synchronization once the signature "
-        "was seen with a value that fits",
+        "was seen with a value that fits (fill, masked_fill and index_fill check on the host, "
+        "kScalarMustFitSelf; other ops converting a Scalar may still defer)",
         lambda code, err, resized: err is not None and "cannot be converted to type" in err[1],
     ),
     "size1-strides": (

@@ -25,6 +25,7 @@
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/ScalarType.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
@@ -133,11 +134,36 @@ class DropRaisedWarnings : public c10::WarningHandler {
 // [doc:fallback-queued]
 // A call whose signature is known: everything the host must do happens
 // here, at the call; only the CPU kernel is queued.
+// kScalarMustFitSelf: the conversion the CPU kernel makes, with its error.
+void check_scalars_fit_self(c10::ArrayRef<c10::IValue> args) {
+  const c10::ScalarType dtype = args[0].toTensor().scalar_type();
+  for (const c10::IValue& v : args) {
+    if (!v.isScalar()) {
+      continue;
+    }
+    const c10::Scalar s = v.toScalar();
+    switch (dtype) {
+#define OPENREG_CHECK_FITS(T, name) \
+  case c10::ScalarType::name:       \
+    (void)s.to<T>();                \
+    break;
+      AT_FORALL_SCALAR_TYPES_WITH_COMPLEX(OPENREG_CHECK_FITS)
+#undef OPENREG_CHECK_FITS
+      default:
+        break;
+    }
+  }
+}
+
 void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
                 const std::shared_ptr<const LaunchPlan>& plan,
                 torch::jit::Stack* stack, c10::Device device) {
   const size_t num_args = traits.writes.size();
   const size_t first = stack->size() - num_args;
+  if ((traits.policy & kScalarMustFitSelf) != 0) {
+    check_scalars_fit_self(
+        c10::ArrayRef<c10::IValue>(*stack).slice(first, num_args));
+  }
   for (const c10::Warning& w : plan->warnings) {
     c10::warn(w);
   }

@@ -57,6 +57,18 @@ constexpr OpPolicyRow kPolicy[] = {
     {"aten::range", kScalarValuesMatter,
      "start, end and step decide the length of the result"},
     {"aten::histc", kScalarValuesMatter, "min and max are checked on the host"},
+    {"aten::fill.Scalar", kScalarMustFitSelf,
+     "the value must fit self's dtype (checked at the call, as on the CPU)"},
+    {"aten::fill_.Scalar", kScalarMustFitSelf,
+     "the value must fit self's dtype (checked at the call, as on the CPU)"},
+    {"aten::masked_fill.Scalar", kScalarMustFitSelf,
+     "the value must fit self's dtype (checked at the call, as on the CPU)"},
+    {"aten::masked_fill_.Scalar", kScalarMustFitSelf,
+     "the value must fit self's dtype (checked at the call, as on the CPU)"},
+    {"aten::index_fill.int_Scalar", kScalarMustFitSelf,
+     "the value must fit self's dtype (checked at the call, as on the CPU)"},
+    {"aten::index_fill_.int_Scalar", kScalarMustFitSelf,
+     "the value must fit self's dtype (checked at the call, as on the CPU)"},
 };
 // [/doc:fallback-policy]
 

@@ -23,6 +23,10 @@ enum OpPolicy : uint8_t {
   // The values of floating-point Scalar arguments decide the results'
   // shapes or are checked on the host: they are part of the signature.
   kScalarValuesMatter = 1 << 2,
+  // The CPU kernel converts the Scalar arguments to self's dtype and raises
+  // on overflow: a queued call makes the same check on the host (the value
+  // is known at the call), so the error is raised at the call.
+  kScalarMustFitSelf = 1 << 3,
 };
 
 // One row of the policy table.
