@@ -76,17 +76,8 @@ def mlp_step(dev):
     model = nn.Sequential(
         nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)
     ).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, y = torch.randn(256, 512).to(dev), torch.randint(10, (256,)).to(dev)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        opt.step()
-
-    step.opt = opt  # for the peak-memory measurement
-    return step
+    return _train_step(model, x, y)
 
 
 def training_step_peak_bytes(dev: torch.device) -> int:
@@ -160,14 +151,16 @@ def conv2d(dev):
     return lambda: torch.nn.functional.conv2d(x, w, padding=1)
 
 
-def _train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+def _train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer=torch.optim.SGD):
+    """One classification training step: forward, cross-entropy, backward, optimizer step."""
+    opt = optimizer(model.parameters(), lr=1e-3)
 
     def step():
         opt.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
 
+    step.opt = opt  # for the peak-memory measurement
     return step
 
 
@@ -216,15 +209,8 @@ def dispatch_step(dev):
     torch.manual_seed(0)
     layers = [m for _ in range(6) for m in (nn.Linear(64, 64), nn.ReLU())]
     model = nn.Sequential(*layers, nn.Linear(64, 10)).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randn(32, 64).to(dev), torch.randint(10, (32,)).to(dev)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-
-    return step
+    return _train_step(model, x, y, torch.optim.AdamW)
 
 
 def dropout_mlp(dev):
