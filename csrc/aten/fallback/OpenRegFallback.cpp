@@ -434,4 +434,49 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 // [/doc:fallback-forced]
 
+// [doc:fallback-structured]
+// Structured operators (add, mul, relu, ...) have one kernel per backend for
+// their out= variant and, for a backend without its own, a generic kernel
+// for the functional and in-place variants
+// (CompositeExplicitAutogradNonFunctional): it builds a TensorIterator on
+// the device tensors to compute the result's metadata, allocates the
+// result, then calls the out= variant, which reaches the fallback. Routing
+// those variants to the fallback directly skips the host-side iterator: the
+// launch plan already knows the result's metadata per signature (a third of
+// the host's cost of a small `x + 1`). Done at module load, after every
+// static registration, for the operators that have a CPU kernel and no
+// openreg kernel (a vendor's own kernel always wins).
+int route_structured_ops_to_fallback() {
+  static torch::Library* library = nullptr;
+  TORCH_INTERNAL_ASSERT(library == nullptr, "routed twice");
+  library =
+      new torch::Library(torch::Library::IMPL, "aten",
+                         c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  int routed = 0;
+  for (const c10::OperatorName& name :
+       c10::Dispatcher::singleton().getAllOpNames()) {
+    const std::optional<c10::OperatorHandle> op =
+        c10::Dispatcher::singleton().findOp(name);
+    if (!op || name.getNamespace() != std::string_view("aten") ||
+        !op->hasKernelForDispatchKey(
+            c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        // index.Tensor: the generic kernel's checks refuse a CPU tensor
+        // indexed with device indices, which the fallback would accept.
+        (op_traits(*op).policy & kAcceptsCpuTensors) != 0) {
+      continue;
+    }
+    std::string short_name = name.name.substr(name.name.find("::") + 2);
+    if (!name.overload_name.empty()) {
+      short_name += "." + name.overload_name;
+    }
+    library->impl(short_name.c_str(),
+                  torch::CppFunction::makeFromBoxedFunction<&fallback>());
+    ++routed;
+  }
+  return routed;
+}
+// [/doc:fallback-structured]
+
 }  // namespace openreg

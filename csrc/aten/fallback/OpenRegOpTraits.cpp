@@ -57,6 +57,24 @@ constexpr OpPolicyRow kPolicy[] = {
     {"aten::range", kScalarValuesMatter,
      "start, end and step decide the length of the result"},
     {"aten::histc", kScalarValuesMatter, "min and max are checked on the host"},
+    // Structured operators whose shape checks read a Scalar's value (their
+    // functional variants reach the fallback directly, see
+    // route_structured_ops_to_fallback): a new value is a new signature, so
+    // its first call runs the CPU kernel and raises at the call.
+    {"aten::pow", kScalarValuesMatter,
+     "integers to negative integer powers are refused at the call"},
+    {"aten::pow_", kScalarValuesMatter,
+     "integers to negative integer powers are refused at the call"},
+    {"aten::renorm", kScalarValuesMatter,
+     "p must be positive and maxnorm non-negative, checked at the call"},
+    {"aten::renorm_", kScalarValuesMatter,
+     "p must be positive and maxnorm non-negative, checked at the call"},
+    {"aten::softshrink", kScalarValuesMatter,
+     "lambda must be non-negative, checked at the call"},
+    {"aten::linalg_vector_norm", kScalarValuesMatter,
+     "some orders have no value on an empty input, refused at the call"},
+    {"aten::norm", kScalarValuesMatter,
+     "some orders have no value on an empty input, refused at the call"},
     {"aten::fill.Scalar", kScalarMustFitSelf,
      "the value must fit self's dtype (checked at the call, as on the CPU)"},
     {"aten::fill_.Scalar", kScalarMustFitSelf,
