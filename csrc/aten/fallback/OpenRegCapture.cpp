@@ -70,4 +70,25 @@ torch::jit::Stack run_cpu_kernel(const c10::OperatorHandle& op,
   return stack;
 }
 
+void run_cpu_kernel_into(const OpTraits& traits,
+                         const std::vector<c10::IValue>& captured,
+                         c10::ArrayRef<at::Tensor> results,
+                         KernelViews& views) {
+  TORCH_INTERNAL_ASSERT(traits.out_variant.has_value());
+  torch::jit::Stack stack;
+  stack.reserve(captured.size() + results.size());
+  for (const c10::IValue& v : captured) {
+    // A functional operator writes none of its arguments.
+    stack.push_back(map_tensors(v, [&](const at::Tensor& t) {
+      return is_openreg(t) ? views.view(t) : t;
+    }));
+  }
+  for (const at::Tensor& r : results) {
+    stack.emplace_back(views.view(r));
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  traits.out_variant->redispatchBoxed(
+      c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+}
+
 }  // namespace openreg

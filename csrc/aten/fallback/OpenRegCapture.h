@@ -33,4 +33,11 @@ torch::jit::Stack run_cpu_kernel(const c10::OperatorHandle& op,
                                  const std::vector<c10::IValue>& captured,
                                  KernelViews& views);
 
+// The same call through traits.out_variant, writing the results into
+// `results` (device tensors allocated at the call with the plan's metadata,
+// in the order of the operator's returns).
+void run_cpu_kernel_into(const OpTraits& traits,
+                         const std::vector<c10::IValue>& captured,
+                         c10::ArrayRef<at::Tensor> results, KernelViews& views);
+
 }  // namespace openreg

@@ -218,9 +218,16 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
       captured[i] = c10::IValue();
     }
   }
+  // A structured functional op whose results are all new single tensors
+  // runs its out= variant on them: no host temporary, no copy.
+  bool into_results = traits.out_variant.has_value();
+  for (const LaunchPlan::Output& out : plan->outputs) {
+    into_results =
+        into_results && out.arg < 0 && !out.is_list && out.tensors.size() == 1;
+  }
   launch_async(
       device.index(), traits.display_name,
-      [op, &traits, plan, captured = std::move(captured),
+      [op, &traits, plan, into_results, captured = std::move(captured),
        draws = std::move(draws),
        new_outputs = std::move(new_outputs)]() mutable {
         for (const auto& [i, draw] : draws) {
@@ -229,6 +236,14 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
         DropRaisedWarnings drop(plan->warnings);
         const c10::WarningUtils::WarningHandlerGuard guard(&drop);
         KernelViews views;
+        if (into_results) {
+          c10::SmallVector<at::Tensor, 4> dsts;
+          for (const auto& entry : new_outputs) {
+            dsts.push_back(entry.second);
+          }
+          run_cpu_kernel_into(traits, captured, dsts, views);
+          return;
+        }
         torch::jit::Stack out = run_cpu_kernel(op, traits, captured, views);
         for (const auto& [where, dst] : new_outputs) {
           const c10::IValue& v = out[where.first];

@@ -112,6 +112,52 @@ bool is_type(const c10::TypePtr& type, c10::TypeKind kind) {
   return false;
 }
 
+// The out= variant of a structured pointwise functional operator:
+// "<overload>_out" or "out", with the functional arguments followed by one
+// written tensor per result (checked, names and types, so a look-alike is
+// never taken). Pointwise only: their out= kernels write an out of the
+// result's shape and nothing else, where some others use it as scratch of
+// another shape (mse_loss.out resizes it to the unreduced loss first).
+std::optional<c10::OperatorHandle> find_out_variant(
+    const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
+  if (!op.hasTag(at::Tag::pointwise) ||
+      !op.hasKernelForDispatchKey(
+          c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+      schema.is_mutable() || schema.returns().empty()) {
+    return std::nullopt;
+  }
+  const std::string& overload = schema.overload_name();
+  for (const std::string& candidate :
+       {overload.empty() ? std::string("out") : overload + "_out",
+        std::string("out")}) {
+    auto out = c10::Dispatcher::singleton().findOp({schema.name(), candidate});
+    if (!out || !out->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+      continue;
+    }
+    const auto& args = schema.arguments();
+    const auto& out_args = out->schema().arguments();
+    const size_t n_out = schema.returns().size();
+    if (out_args.size() != args.size() + n_out) {
+      continue;
+    }
+    bool same = true;
+    for (size_t i = 0; i < args.size() && same; ++i) {
+      same = args[i].name() == out_args[i].name() &&
+             *args[i].type() == *out_args[i].type();
+    }
+    for (size_t i = args.size(); i < out_args.size() && same; ++i) {
+      const c10::AliasInfo* alias = out_args[i].alias_info();
+      same = out_args[i].type()->kind() == c10::TypeKind::TensorType &&
+             alias != nullptr && alias->isWrite();
+    }
+    if (same) {
+      return out;
+    }
+  }
+  return std::nullopt;
+}
+
 std::unique_ptr<OpTraits> compute_traits(const c10::OperatorHandle& op) {
   auto t = std::make_unique<OpTraits>();
   const c10::FunctionSchema& schema = op.schema();
@@ -168,6 +214,7 @@ std::unique_ptr<OpTraits> compute_traits(const c10::OperatorHandle& op) {
     }
     t->return_arg.push_back(arg);
   }
+  t->out_variant = find_out_variant(op);
   return t;
 }
 

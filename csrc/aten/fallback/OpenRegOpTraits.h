@@ -6,6 +6,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,6 +64,11 @@ struct OpTraits {
   std::vector<bool> writes;      // one per argument: written (alias a!)
   std::vector<bool> generator;   // one per argument: a Generator(?)
   std::vector<int> return_arg;   // one per return: the argument it is, or -1
+  // The out= variant of a structured operator's functional variant (add.out
+  // for add.Tensor): same arguments plus one out tensor per result, the same
+  // kernel. A queued call runs it on its pre-allocated results, so the CPU
+  // kernel writes them directly instead of into a host temporary.
+  std::optional<c10::OperatorHandle> out_variant;
 };
 
 // The traits of `op` (thread-safe; cached per operator).
