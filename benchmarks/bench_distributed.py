@@ -5,13 +5,12 @@ process group joined through a file):
 
 - DDP training step: forward, backward (gradients all-reduced by DDP) and SGD
   step of a 512-1024-1024-10 MLP, batch 64 per rank; ratio openreg / CPU time.
-  Measured twice: with each rank pinned to a core of its own
-  (``os.sched_setaffinity``, every thread of the rank on that core: one core
-  per rank as one device per rank; the row with the goal), and with the ranks
-  left to the scheduler (informative). Unpinned, the two ranks' threads share
-  both cores: openreg's host thread of one rank competes with the other
-  rank's kernels, and both baselines swing with the scheduler.
-- all_reduce of 64 MB (16M floats); ratio openreg / CPU bandwidth (pinned).
+  Measured twice: with the ranks left to the scheduler (the row with the
+  goal), and with each rank pinned to a core of its own
+  (``os.sched_setaffinity`` before any thread starts: one core per rank, as
+  one device per rank; informative). Unpinned, openreg's host thread of one
+  rank competes with the other rank's kernels on the shared cores.
+- all_reduce of 64 MB (16M floats); ratio openreg / CPU bandwidth.
 
 Each side runs in fresh processes (a new process group, a new device), and the
 sides alternate over ``--rounds`` rounds; the figures are the medians of the
@@ -166,17 +165,17 @@ def main() -> int:
     args = parser.parse_args()
     steps = 6 if args.quick else 20
     rounds = args.rounds or (1 if args.quick else 3)
-    per_side = {"cpu": [], "openreg": [], "cpu unpinned": [], "openreg unpinned": []}
+    per_side = {"cpu": [], "openreg": [], "cpu pinned": [], "openreg pinned": []}
     for _ in range(rounds):
         for side in ("cpu", "openreg"):
-            per_side[side].append(run_side(side, steps, pinned=True))
-            per_side[f"{side} unpinned"].append(run_side(side, steps, pinned=False))
+            per_side[side].append(run_side(side, steps, pinned=False))
+            per_side[f"{side} pinned"].append(run_side(side, steps, pinned=True))
 
     def med(side, i):
         return statistics.median(r[i] for r in per_side[side])
 
     cpu_step, or_step = med("cpu", 0), med("openreg", 0)
-    cpu_free, or_free = med("cpu unpinned", 0), med("openreg unpinned", 0)
+    cpu_pin, or_pin = med("cpu pinned", 0), med("openreg pinned", 0)
     cpu_ar, or_ar = med("cpu", 1), med("openreg", 1)
 
     # A round runs both sides seconds apart; the VM's speed drifts over
@@ -197,11 +196,11 @@ def main() -> int:
             "goal": 1.05,
         },
         {
-            "case": "DDP step, ranks not pinned",
-            "cpu": cpu_free,
-            "openreg": or_free,
+            "case": "DDP step, one core per rank",
+            "cpu": cpu_pin,
+            "openreg": or_pin,
             "unit": "s",
-            **paired("cpu unpinned", "openreg unpinned", 0),
+            **paired("cpu pinned", "openreg pinned", 0),
             "goal": None,
         },
         {
