@@ -35,13 +35,19 @@ std::vector<c10::IValue> capture_arguments(const torch::jit::Stack& stack,
   return captured;
 }
 
-torch::jit::Stack run_cpu_kernel(const c10::OperatorHandle& op,
-                                 const OpTraits& traits,
-                                 const std::vector<c10::IValue>& captured,
-                                 KernelViews& views) {
+namespace {
+
+using Written = c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 4>;
+
+// The CPU kernel's stack: kernel views of the captured device tensors (room
+// for `extra` more entries); `written` gets each written device tensor with
+// its view.
+torch::jit::Stack kernel_arguments(const OpTraits& traits,
+                                   const std::vector<c10::IValue>& captured,
+                                   KernelViews& views, size_t extra,
+                                   Written& written) {
   torch::jit::Stack stack;
-  stack.reserve(captured.size());
-  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 4> written;
+  stack.reserve(captured.size() + extra);
   for (size_t i = 0; i < captured.size(); ++i) {
     const bool writes = traits.writes[i] && captured[i].isTensor();
     stack.push_back(map_tensors(captured[i], [&](const at::Tensor& t) {
@@ -55,6 +61,18 @@ torch::jit::Stack run_cpu_kernel(const c10::OperatorHandle& op,
       return view;
     }));
   }
+  return stack;
+}
+
+}  // namespace
+
+torch::jit::Stack run_cpu_kernel(const c10::OperatorHandle& op,
+                                 const OpTraits& traits,
+                                 const std::vector<c10::IValue>& captured,
+                                 KernelViews& views) {
+  Written written;
+  torch::jit::Stack stack =
+      kernel_arguments(traits, captured, views, 0, written);
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
   for (const auto& [dev, view] : written) {
@@ -75,14 +93,11 @@ void run_cpu_kernel_into(const OpTraits& traits,
                          c10::ArrayRef<at::Tensor> results,
                          KernelViews& views) {
   TORCH_INTERNAL_ASSERT(traits.out_variant.has_value());
-  torch::jit::Stack stack;
-  stack.reserve(captured.size() + results.size());
-  for (const c10::IValue& v : captured) {
-    // A functional operator writes none of its arguments.
-    stack.push_back(map_tensors(v, [&](const at::Tensor& t) {
-      return is_openreg(t) ? views.view(t) : t;
-    }));
-  }
+  Written written;
+  torch::jit::Stack stack =
+      kernel_arguments(traits, captured, views, results.size(), written);
+  TORCH_INTERNAL_ASSERT(written.empty(),
+                        "a functional operator writes none of its arguments");
   for (const at::Tensor& r : results) {
     stack.emplace_back(views.view(r));
   }

@@ -132,8 +132,6 @@ class DropRaisedWarnings : public c10::WarningHandler {
 };
 
 // [doc:fallback-queued]
-// A call whose signature is known: everything the host must do happens
-// here, at the call; only the CPU kernel is queued.
 // kScalarMustFitSelf: the conversion the CPU kernel makes, with its error.
 void check_scalars_fit_self(c10::ArrayRef<c10::IValue> args) {
   const c10::ScalarType dtype = args[0].toTensor().scalar_type();
@@ -155,6 +153,8 @@ void check_scalars_fit_self(c10::ArrayRef<c10::IValue> args) {
   }
 }
 
+// A call whose signature is known: everything the host must do happens
+// here, at the call; only the CPU kernel is queued.
 void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
                 const std::shared_ptr<const LaunchPlan>& plan,
                 torch::jit::Stack* stack, c10::Device device) {
@@ -238,8 +238,8 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
         KernelViews views;
         if (into_results) {
           c10::SmallVector<at::Tensor, 4> dsts;
-          for (const auto& entry : new_outputs) {
-            dsts.push_back(entry.second);
+          for (auto& entry : new_outputs) {
+            dsts.push_back(std::move(entry.second));
           }
           run_cpu_kernel_into(traits, captured, dsts, views);
           return;

@@ -57,6 +57,18 @@ constexpr OpPolicyRow kPolicy[] = {
     {"aten::range", kScalarValuesMatter,
      "start, end and step decide the length of the result"},
     {"aten::histc", kScalarValuesMatter, "min and max are checked on the host"},
+    {"aten::fill.Scalar", kScalarMustFitSelf,
+     "the value must fit self's dtype (checked at the call, as on the CPU)"},
+    {"aten::fill_.Scalar", kScalarMustFitSelf,
+     "the value must fit self's dtype (checked at the call, as on the CPU)"},
+    {"aten::masked_fill.Scalar", kScalarMustFitSelf,
+     "the value must fit self's dtype (checked at the call, as on the CPU)"},
+    {"aten::masked_fill_.Scalar", kScalarMustFitSelf,
+     "the value must fit self's dtype (checked at the call, as on the CPU)"},
+    {"aten::index_fill.int_Scalar", kScalarMustFitSelf,
+     "the value must fit self's dtype (checked at the call, as on the CPU)"},
+    {"aten::index_fill_.int_Scalar", kScalarMustFitSelf,
+     "the value must fit self's dtype (checked at the call, as on the CPU)"},
     // Structured operators whose shape checks read a Scalar's value (their
     // functional variants reach the fallback directly, see
     // route_structured_ops_to_fallback): a new value is a new signature, so
@@ -75,18 +87,6 @@ constexpr OpPolicyRow kPolicy[] = {
      "some orders have no value on an empty input, refused at the call"},
     {"aten::norm", kScalarValuesMatter,
      "some orders have no value on an empty input, refused at the call"},
-    {"aten::fill.Scalar", kScalarMustFitSelf,
-     "the value must fit self's dtype (checked at the call, as on the CPU)"},
-    {"aten::fill_.Scalar", kScalarMustFitSelf,
-     "the value must fit self's dtype (checked at the call, as on the CPU)"},
-    {"aten::masked_fill.Scalar", kScalarMustFitSelf,
-     "the value must fit self's dtype (checked at the call, as on the CPU)"},
-    {"aten::masked_fill_.Scalar", kScalarMustFitSelf,
-     "the value must fit self's dtype (checked at the call, as on the CPU)"},
-    {"aten::index_fill.int_Scalar", kScalarMustFitSelf,
-     "the value must fit self's dtype (checked at the call, as on the CPU)"},
-    {"aten::index_fill_.int_Scalar", kScalarMustFitSelf,
-     "the value must fit self's dtype (checked at the call, as on the CPU)"},
 };
 // [/doc:fallback-policy]
 
