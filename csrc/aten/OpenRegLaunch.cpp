@@ -11,8 +11,11 @@
 // usable.
 #include "aten/OpenRegLaunch.h"
 
+#include <ATen/Parallel.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/ThreadLocalState.h>
 #include <c10/util/Exception.h>
+#include <omp.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -43,7 +46,43 @@ struct KernelTask {
   std::function<void()> kernel;
   std::string op;
   orStream_t stream;
+  int64_t elements;
 };
+
+// [doc:worker-threads]
+// How many threads a kernel's parallel regions use on the worker. The host
+// thread keeps dispatching while the worker runs, so a small kernel opening
+// an OpenMP team would take the host's core for a team thread that then
+// waits in the team's barrier for the worker, or the worker for it, each
+// preempted by the other (a dispatch-bound training step ran 1.6x slower
+// that way). Small kernels, whose work would not fill two threads anyway
+// (ATen's parallel_for does not split below GRAIN_SIZE elements), run on the
+// worker alone; the others keep the process's intra-op threads.
+class WorkerThreads {
+ public:
+  explicit WorkerThreads(int64_t elements) {
+    // ATen sets the thread's OpenMP threads on its first parallel region;
+    // done first, it cannot undo the choice below.
+    at::internal::lazy_init_num_threads();
+    if (elements >= 0 && elements < at::internal::GRAIN_SIZE) {
+      previous_ = omp_get_max_threads();
+      if (previous_ != 1) {
+        omp_set_num_threads(1);
+      }
+    }
+  }
+  ~WorkerThreads() {
+    if (previous_ > 1) {
+      omp_set_num_threads(previous_);
+    }
+  }
+  WorkerThreads(const WorkerThreads&) = delete;
+  WorkerThreads& operator=(const WorkerThreads&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+// [/doc:worker-threads]
 
 // Keeps the warnings a kernel raises on the worker for the next
 // synchronization, where the host raises them.
@@ -61,6 +100,7 @@ class DeferWarnings : public c10::WarningHandler {
 int run_task(void* data) {
   std::unique_ptr<KernelTask> task(static_cast<KernelTask*>(data));
   const OnWorker on_worker;
+  const WorkerThreads threads(task->elements);
   DeferWarnings defer(task->stream);
   const c10::WarningUtils::WarningHandlerGuard guard(&defer);
   try {
@@ -130,15 +170,15 @@ bool launch_blocking() {
 
 // [doc:launch-async]
 void launch_async(c10::DeviceIndex device, std::string op,
-                  std::function<void()> kernel) {
+                  std::function<void()> kernel, int64_t elements) {
   OpenRegStream stream = getCurrentStream(device);
   if (launch_blocking()) {
     run_sync(device, kernel);
     return;
   }
   const profiler::QueuedKernel trace(stream.unwrap(), op, kernel);
-  auto* task =
-      new KernelTask{std::move(kernel), std::move(op), stream.native()};
+  auto* task = new KernelTask{std::move(kernel), std::move(op), stream.native(),
+                              elements};
   orError_t err = orLaunchKernel(task->stream, &run_task, task);
   if (err != orSuccess) {
     delete task;

@@ -6,6 +6,9 @@
 // (borrowed_alias in OpenRegKernelView.h), CPU tensors as snapshots; it never
 // touches Python objects. `op` names it if it throws; the error is raised at
 // the next synchronization (OpenRegSynchronize.h).
+// `elements`, when known (>= 0), is how many elements the kernel reads and
+// writes: a small kernel runs on the worker thread alone, without an OpenMP
+// team (OpenRegLaunch.cpp, WorkerThreads).
 // With OPENREG_LAUNCH_BLOCKING=1 every launch runs at once and waits.
 //
 // run_sync() is for work whose result the host needs now (ops whose output
@@ -21,13 +24,14 @@
 #include <c10/core/Device.h>
 #include <c10/util/FunctionRef.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
 namespace openreg {
 
 void launch_async(c10::DeviceIndex device, std::string op,
-                  std::function<void()> kernel);
+                  std::function<void()> kernel, int64_t elements = -1);
 
 void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel);
 

@@ -255,7 +255,8 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
                       dst.sizes(), " ", dst.scalar_type());
           views.view(dst).copy_(result);
         }
-      });
+      },
+      plan->elements);
   torch::jit::drop(*stack, num_args);
   for (c10::IValue& r : results) {
     stack->push_back(std::move(r));

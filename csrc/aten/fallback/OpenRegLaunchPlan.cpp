@@ -309,6 +309,9 @@ void learn_launch(LaunchDecision decision, const OpTraits& traits,
       if (t.defined() && t.has_storage()) {
         storages.push_back(t.storage().unsafeGetStorageImpl());
       }
+      if (t.defined()) {
+        plan->elements += t.numel();
+      }
     });
   }
   for (size_t i = 0; queueable && i < args.size(); ++i) {
@@ -335,6 +338,7 @@ void learn_launch(LaunchDecision decision, const OpTraits& traits,
       if (t.defined()) {
         queueable = t.layout() == c10::kStrided && !t.is_conj() && !t.is_neg();
         out.tensors.push_back(spec_of(t));
+        plan->elements += t.numel();
       }
     } else if (v.isTensorList()) {
       out.is_list = true;
@@ -342,6 +346,7 @@ void learn_launch(LaunchDecision decision, const OpTraits& traits,
         queueable = queueable && t.defined() && !t.is_conj() && !t.is_neg();
         if (t.defined()) {
           out.tensors.push_back(spec_of(t));
+          plan->elements += t.numel();
         }
       }
     } else {
