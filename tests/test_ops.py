@@ -640,6 +640,35 @@ def test_out_of_range_index_raises_at_launch_in_blocking_mode(py):
     assert "raised:" in out.stdout and "out of bounds" in out.stdout
 
 
+def test_foreach_list_over_devices_runs_per_tensor():
+    """A _foreach_ list whose tensors live on different devices works as on
+    CUDA (one operator per tensor, each on its own device); a list on one
+    device is one kernel (tests/test_profiler.py)."""
+    cpu = [randn(3), randn(2, seed=1), randn(4, seed=2)]
+    mixed = [cpu[0].to("openreg:0"), cpu[1].clone(), cpu[2].to("openreg:1")]
+    for _ in range(2):  # the first call of a signature and a later one
+        torch._foreach_mul_(mixed, 2.0)
+        torch._foreach_mul_(cpu, 2.0)
+    sums = torch._foreach_add(mixed, 1.5)
+    assert [t.device for t in sums] == [t.device for t in mixed]
+    assert [t.device.type for t in mixed] == ["openreg", "cpu", "openreg"]
+    for got, want in zip(mixed + list(sums), cpu + list(torch._foreach_add(cpu, 1.5)), strict=True):
+        assert torch.equal(got.cpu(), want)
+
+
+def test_foreach_errors_at_the_call_as_on_the_cpu():
+    for device in ["cpu", "openreg"]:
+        a = [torch.zeros(2, device=device), torch.zeros(3, device=device)]
+        b = [torch.zeros(2, device=device), torch.zeros(2, device=device)]
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match=r"size of tensor a \(3\) must match"):
+                torch._foreach_add_(a, b)
+        with pytest.raises(RuntimeError, match="same number of tensors, got 2 and 1"):
+            torch._foreach_add_(a, b[:1])
+        with pytest.raises(RuntimeError, match="same number of elements as scalar list"):
+            torch._foreach_div_(a, [1.0, 2.0, 3.0])
+
+
 def test_large_elementwise_and_reduction():
     x = randn(512, 513)
     check_against_cpu(lambda t: (t * 2 + 1).sum(0), x)

@@ -104,6 +104,21 @@ def test_kernels_are_device_events_linked_to_their_operator():
 
 
 @queued_only
+def test_a_foreach_list_is_one_kernel():
+    """An optimizer's _foreach_ update is one kernel for the whole list (the
+    fallback takes the list), not one per tensor."""
+    params = [torch.randn(8, device=D) for _ in range(5)]
+    grads = [torch.randn(8, device=D) for _ in range(5)]
+    torch._foreach_add_(params, grads, alpha=-0.1)  # learns the signature
+    torch.openreg.synchronize()
+    with profile(activities=DEVICE_ACTIVITIES) as prof:
+        torch._foreach_add_(params, grads, alpha=-0.1)
+        torch.openreg.synchronize()
+    names = [k.name for k in _kernels(prof)]
+    assert names == ["aten::_foreach_add_.List [kernel]"]
+
+
+@queued_only
 def test_runtime_events_on_the_launching_thread():
     x, y = _operands()
     with profile(activities=DEVICE_ACTIVITIES) as prof:

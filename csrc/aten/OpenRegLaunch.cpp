@@ -55,9 +55,9 @@ struct KernelTask {
 // an OpenMP team would take the host's core for a team thread that then
 // waits in the team's barrier for the worker, or the worker for it, each
 // preempted by the other (a dispatch-bound training step ran 1.6x slower
-// that way). Small kernels, whose work would not fill two threads anyway
-// (ATen's parallel_for does not split below GRAIN_SIZE elements), run on the
-// worker alone; the others keep the process's intra-op threads.
+// that way). Kernels on small tensors, whose work would not fill two threads
+// anyway (ATen's parallel_for does not split below GRAIN_SIZE elements), run
+// on the worker alone; the others keep the process's intra-op threads.
 class WorkerThreads {
  public:
   explicit WorkerThreads(int64_t elements) {

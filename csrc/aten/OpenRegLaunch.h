@@ -6,9 +6,9 @@
 // (borrowed_alias in OpenRegKernelView.h), CPU tensors as snapshots; it never
 // touches Python objects. `op` names it if it throws; the error is raised at
 // the next synchronization (OpenRegSynchronize.h).
-// `elements`, when known (>= 0), is how many elements the kernel reads and
-// writes: a small kernel runs on the worker thread alone, without an OpenMP
-// team (OpenRegLaunch.cpp, WorkerThreads).
+// `elements`, when known (>= 0), is the size of the largest tensor the
+// kernel reads or writes: a small kernel runs on the worker thread alone,
+// without an OpenMP team (OpenRegLaunch.cpp, WorkerThreads).
 // With OPENREG_LAUNCH_BLOCKING=1 every launch runs at once and waits.
 //
 // run_sync() is for work whose result the host needs now (ops whose output

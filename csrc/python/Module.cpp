@@ -259,8 +259,8 @@ PYBIND11_MODULE(_C, m) {
   using namespace openreg;
   m.doc() = "openreg: a simulated PyTorch accelerator (C++ part)";
   set_host_wait_hook(&wait_without_gil);
-  static const int routed = route_structured_ops_to_fallback();
-  m.attr("_structured_ops_routed") = routed;
+  static const int routed = route_generic_ops_to_fallback();
+  m.attr("_generic_ops_routed") = routed;
 
   py::class_<DeviceProperties>(m, "_OpenRegDeviceProperties")
       .def_readonly("name", &DeviceProperties::name)

@@ -96,6 +96,26 @@ c10::Device find_device(const OpTraits& traits,
               " found no openreg tensor or device among its arguments");
 }
 
+// True when the call's tensors live on more than one device (CPU scalars
+// aside).
+bool spans_devices(c10::ArrayRef<c10::IValue> args) {
+  std::optional<c10::Device> seen;
+  bool spans = false;
+  for (const c10::IValue& v : args) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (!t.defined() || (t.device().is_cpu() && t.dim() == 0)) {
+        return;
+      }
+      if (!seen) {
+        seen = t.device();
+      } else if (*seen != t.device()) {
+        spans = true;
+      }
+    });
+  }
+  return spans;
+}
+
 // Passes warnings on to the handler that was current, keeping a copy.
 class ForwardingRecorder : public c10::WarningHandler {
  public:
@@ -414,6 +434,15 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       "' has no openreg kernel, and the CPU fallback cannot run it because "
       "it has no CPU kernel either.");
   const size_t num_args = traits.writes.size();
+  if (traits.foreach_loop &&
+      spans_devices(torch::jit::last(*stack, num_args))) {
+    // Lists over several devices are allowed, one operator per tensor, as
+    // CUDA's foreach kernels do when they cannot launch a list at once: the
+    // generic loop (the kernel the CPU's dispatch entry holds) on the
+    // device tensors themselves, each operator dispatched and checked alone.
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    return;
+  }
   const c10::Device device =
       find_device(traits, torch::jit::last(*stack, num_args));
   const c10::DeviceGuard guard(device);
@@ -451,18 +480,23 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 // [/doc:fallback-forced]
 
 // [doc:fallback-structured]
-// Structured operators (add, mul, relu, ...) have one kernel per backend for
-// their out= variant and, for a backend without its own, a generic kernel
-// for the functional and in-place variants
-// (CompositeExplicitAutogradNonFunctional): it builds a TensorIterator on
-// the device tensors to compute the result's metadata, allocates the
-// result, then calls the out= variant, which reaches the fallback. Routing
-// those variants to the fallback directly skips the host-side iterator: the
-// launch plan already knows the result's metadata per signature (a third of
-// the host's cost of a small `x + 1`). Done at module load, after every
-// static registration, for the operators that have a CPU kernel and no
-// openreg kernel (a vendor's own kernel always wins).
-int route_structured_ops_to_fallback() {
+// Two kinds of operators have a generic kernel that a backend without its
+// own inherits, and that costs the host more than the fallback:
+//  - structured operators (add, mul, relu, ...) have one kernel per backend
+//    for their out= variant and, for the functional and in-place variants, a
+//    generic one (CompositeExplicitAutogradNonFunctional): it builds a
+//    TensorIterator on the device tensors to compute the result's metadata,
+//    allocates the result, then calls the out= variant, which reaches the
+//    fallback. The launch plan already knows the result's metadata per
+//    signature (the iterator was a third of the host's cost of `x + 1`);
+//  - the _foreach_ operators (the optimizers' updates) have a loop of one
+//    operator per tensor: a launch per tensor where the fallback makes one
+//    for the whole list (AdamW's update of 14 parameters: 140 launches, or
+//    10), as CUDA's fused foreach kernels do.
+// Both are routed to the fallback at module load, after every static
+// registration, when they have a CPU kernel and no openreg kernel (a
+// vendor's own kernel always wins).
+int route_generic_ops_to_fallback() {
   static torch::Library* library = nullptr;
   TORCH_INTERNAL_ASSERT(library == nullptr, "routed twice");
   library =
@@ -474,10 +508,14 @@ int route_structured_ops_to_fallback() {
     const std::optional<c10::OperatorHandle> op =
         c10::Dispatcher::singleton().findOp(name);
     if (!op || name.getNamespace() != std::string_view("aten") ||
-        !op->hasKernelForDispatchKey(
-            c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      continue;
+    }
+    const bool structured =
+        op->hasKernelForDispatchKey(
+            c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
+        op->hasKernelForDispatchKey(c10::DispatchKey::CPU);
+    if (!(structured || op_traits(*op).foreach_loop) ||
         // index.Tensor: the generic kernel's checks refuse a CPU tensor
         // indexed with device indices, which the fallback would accept.
         (op_traits(*op).policy & kAcceptsCpuTensors) != 0) {

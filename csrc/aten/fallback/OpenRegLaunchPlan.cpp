@@ -4,6 +4,7 @@
 #include <c10/util/SmallVector.h>
 #include <c10/util/flat_hash_map.h>
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -310,7 +311,7 @@ void learn_launch(LaunchDecision decision, const OpTraits& traits,
         storages.push_back(t.storage().unsafeGetStorageImpl());
       }
       if (t.defined()) {
-        plan->elements += t.numel();
+        plan->elements = std::max(plan->elements, t.numel());
       }
     });
   }
@@ -338,7 +339,7 @@ void learn_launch(LaunchDecision decision, const OpTraits& traits,
       if (t.defined()) {
         queueable = t.layout() == c10::kStrided && !t.is_conj() && !t.is_neg();
         out.tensors.push_back(spec_of(t));
-        plan->elements += t.numel();
+        plan->elements = std::max(plan->elements, t.numel());
       }
     } else if (v.isTensorList()) {
       out.is_list = true;
@@ -346,7 +347,7 @@ void learn_launch(LaunchDecision decision, const OpTraits& traits,
         queueable = queueable && t.defined() && !t.is_conj() && !t.is_neg();
         if (t.defined()) {
           out.tensors.push_back(spec_of(t));
-          plan->elements += t.numel();
+          plan->elements = std::max(plan->elements, t.numel());
         }
       }
     } else {

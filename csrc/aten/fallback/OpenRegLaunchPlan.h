@@ -61,8 +61,9 @@ struct LaunchPlan {
   // Warnings the call raises (the CPU kernel's, from the first call),
   // replayed at every call.
   std::vector<c10::Warning> warnings;
-  // Elements of every tensor the kernel reads or writes (arguments and new
-  // results): how much work it is (launch_async's `elements`).
+  // Elements of the largest tensor the kernel reads or writes (arguments
+  // and new results): how much work it can split (launch_async's
+  // `elements`).
   int64_t elements = 0;
 };
 

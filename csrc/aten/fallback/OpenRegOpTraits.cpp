@@ -71,7 +71,7 @@ constexpr OpPolicyRow kPolicy[] = {
      "the value must fit self's dtype (checked at the call, as on the CPU)"},
     // Structured operators whose shape checks read a Scalar's value (their
     // functional variants reach the fallback directly, see
-    // route_structured_ops_to_fallback): a new value is a new signature, so
+    // route_generic_ops_to_fallback): a new value is a new signature, so
     // its first call runs the CPU kernel and raises at the call.
     {"aten::pow", kScalarValuesMatter,
      "integers to negative integer powers are refused at the call"},
@@ -215,6 +215,10 @@ std::unique_ptr<OpTraits> compute_traits(const c10::OperatorHandle& op) {
     t->return_arg.push_back(arg);
   }
   t->out_variant = find_out_variant(op);
+  t->foreach_loop =
+      schema.name().rfind("aten::_foreach_", 0) == 0 &&
+      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+      !op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
   return t;
 }
 

@@ -69,6 +69,10 @@ struct OpTraits {
   // kernel. A queued call runs it on its pre-allocated results, so the CPU
   // kernel writes them directly instead of into a host temporary.
   std::optional<c10::OperatorHandle> out_variant;
+  // A _foreach_ operator whose only kernel is PyTorch's generic one, a loop
+  // of one operator per tensor (every backend without its own gets it, the
+  // CPU included).
+  bool foreach_loop = false;
 };
 
 // The traits of `op` (thread-safe; cached per operator).
