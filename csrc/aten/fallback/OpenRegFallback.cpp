@@ -19,11 +19,11 @@
 // mapping, the registration. SIMULATOR ONLY: running the CPU kernel on
 // kernel views (OpenRegKernelView.h); a real device runs its own kernels, or
 // copies to the host and back.
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/stack.h>
-#include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/SmallVector.h>
@@ -41,6 +41,7 @@
 #include "aten/fallback/OpenRegIValue.h"
 #include "aten/fallback/OpenRegLaunchPlan.h"
 #include "aten/fallback/OpenRegOpTraits.h"
+#include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegMemcpy.h"
 #include "random/OpenRegGenerator.h"
 
@@ -196,16 +197,17 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
       resize_impl(t.unsafeGetTensorImpl(), spec.sizes, spec.strides);
     }
   }
-  // New results, allocated now.
+  // New results, allocated now from the device allocator (the device guard
+  // is set), as CUDA's kernels allocate theirs: not through the dispatcher.
   c10::SmallVector<c10::IValue, 4> results;
   std::vector<std::pair<std::pair<size_t, int>, at::Tensor>> new_outputs;
   for (size_t r = 0; r < plan->outputs.size(); ++r) {
     const LaunchPlan::Output& out = plan->outputs[r];
     auto make = [&](size_t k) {
       const TensorSpec& s = out.tensors[k];
-      at::Tensor t =
-          at::empty_strided(s.sizes, s.strides,
-                            at::TensorOptions().dtype(s.dtype).device(device));
+      at::Tensor t = at::detail::empty_strided_generic(
+          s.sizes, s.strides, device_allocator(),
+          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), s.dtype);
       new_outputs.push_back(
           {{r, out.is_list ? static_cast<int>(k) : -1}, borrowed_alias(t)});
       return t;
