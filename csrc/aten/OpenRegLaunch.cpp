@@ -58,12 +58,12 @@ struct KernelTask {
 // that way). Kernels on small tensors, whose work would not fill two threads
 // anyway (ATen's parallel_for does not split below GRAIN_SIZE elements), run
 // on the worker alone; the others keep the process's intra-op threads.
+// Only the thread count changes: initialising ATen's threading state on the
+// worker from here (at::internal::lazy_init_num_threads) made convolutions
+// on the worker twice as slow (conv2d 64 ch 56x56: 0.61 -> 1.29 ms).
 class WorkerThreads {
  public:
   explicit WorkerThreads(int64_t elements) {
-    // ATen sets the thread's OpenMP threads on its first parallel region;
-    // done first, it cannot undo the choice below.
-    at::internal::lazy_init_num_threads();
     if (elements >= 0 && elements < at::internal::GRAIN_SIZE) {
       previous_ = omp_get_max_threads();
       if (previous_ != 1) {
