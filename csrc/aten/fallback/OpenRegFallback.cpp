@@ -517,7 +517,7 @@ int route_generic_ops_to_fallback() {
         op->hasKernelForDispatchKey(
             c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
         op->hasKernelForDispatchKey(c10::DispatchKey::CPU);
-    if (!(structured || op_traits(*op).foreach_loop) ||
+    if (!(structured || is_foreach_loop(*op)) ||
         // index.Tensor: the generic kernel's checks refuse a CPU tensor
         // indexed with device indices, which the fallback would accept.
         (op_traits(*op).policy & kAcceptsCpuTensors) != 0) {

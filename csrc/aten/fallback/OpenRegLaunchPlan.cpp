@@ -307,12 +307,13 @@ void learn_launch(LaunchDecision decision, const OpTraits& traits,
   c10::SmallVector<const c10::StorageImpl*, 8> storages;
   for (const c10::IValue& v : args) {
     for_each_tensor(v, [&](const at::Tensor& t) {
-      if (t.defined() && t.has_storage()) {
+      if (!t.defined()) {
+        return;
+      }
+      if (t.has_storage()) {
         storages.push_back(t.storage().unsafeGetStorageImpl());
       }
-      if (t.defined()) {
-        plan->elements = std::max(plan->elements, t.numel());
-      }
+      plan->elements = std::max(plan->elements, t.numel());
     });
   }
   for (size_t i = 0; queueable && i < args.size(); ++i) {

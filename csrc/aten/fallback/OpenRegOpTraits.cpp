@@ -215,16 +215,20 @@ std::unique_ptr<OpTraits> compute_traits(const c10::OperatorHandle& op) {
     t->return_arg.push_back(arg);
   }
   t->out_variant = find_out_variant(op);
-  t->foreach_loop =
-      schema.name().rfind("aten::_foreach_", 0) == 0 &&
-      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
-      !op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+  t->foreach_loop = is_foreach_loop(op);
   return t;
 }
 
 }  // namespace
 
 c10::ArrayRef<OpPolicyRow> op_policy_table() { return kPolicy; }
+
+bool is_foreach_loop(const c10::OperatorHandle& op) {
+  return op.schema().name().rfind("aten::_foreach_", 0) == 0 &&
+         op.hasKernelForDispatchKey(
+             c10::DispatchKey::CompositeExplicitAutograd) &&
+         !op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+}
 
 const OpTraits& op_traits(const c10::OperatorHandle& op) {
   // Operators registered from Python can be removed and their memory reused,

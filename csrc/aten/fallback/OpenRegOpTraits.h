@@ -75,6 +75,10 @@ struct OpTraits {
   bool foreach_loop = false;
 };
 
+// A _foreach_ operator whose only kernel is PyTorch's generic loop
+// (OpTraits::foreach_loop).
+bool is_foreach_loop(const c10::OperatorHandle& op);
+
 // The traits of `op` (thread-safe; cached per operator).
 const OpTraits& op_traits(const c10::OperatorHandle& op);
 
