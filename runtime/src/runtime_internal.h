@@ -8,7 +8,6 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -123,8 +122,20 @@ void install_fault_handler(const Runtime* rt);
 }  // namespace openreg_rt
 
 // An in-order work queue drained by one worker thread (started lazily).
+//
+// Thread-safety: every public member may be called from any thread. The
+// queue is a bounded ring of task slots (the slots are the task pool: a
+// launch allocates nothing); launching takes no lock: a producer claims a
+// ticket with one atomic increment, fills the slot and publishes it. The
+// worker is the only consumer. Completion is an atomic counter; a thread
+// that waits registers the count it waits for, and the worker wakes it only
+// when that count is reached (not at every task).
 struct orStream {
   using Device = openreg_rt::Device;
+
+  // Tasks a stream holds before a launch waits for room (CUDA's launch
+  // queue is bounded too: a host far ahead of the device blocks).
+  static constexpr uint64_t kCapacity = 1024;
 
   orStream(Device* dev, int priority, bool is_default);
   ~orStream();
@@ -135,7 +146,7 @@ struct orStream {
   int priority() const { return priority_; }
   bool is_default() const { return is_default_; }
 
-  // Appends work; returns at once.
+  // Appends work; returns at once (or when the ring has room again).
   void enqueue(std::function<void()> task);
   // Appends a launched kernel (orLaunchKernel): no allocation.
   void enqueue_kernel(orKernelFn fn, void* user_data);
@@ -154,29 +165,57 @@ struct orStream {
 
   // private to stream.cpp:
   struct Task {
-    std::function<void()> fn;  // runtime work (copies, markers), or
-    orKernelFn kernel;         // a launched kernel and its argument
-    void* user_data;
-    bool marker;  // see enqueue_marker
+    std::function<void()> fn;     // runtime work (copies, markers), or
+    orKernelFn kernel = nullptr;  // a launched kernel and its argument
+    void* user_data = nullptr;
+    bool marker = false;  // see enqueue_marker
   };
+  // One ring entry. `seq` says whose turn it is: ticket t may fill the slot
+  // when seq == t, the worker may take it when seq == t + 1.
+  struct alignas(64) Slot {
+    std::atomic<uint64_t> seq{0};
+    Task task;
+  };
+  enum WorkerState : int { kNoWorker, kRunning, kSleeping };
+
   void push(Task task);
   void run();
+  // Blocks until `completed_ >= target` (spins briefly first).
+  void wait_completed(uint64_t target);
+  // Called by the worker after counting completions: wakes the waiters whose
+  // target is reached.
+  void notify_waiters(uint64_t completed);
+  // Wakes or starts the worker after a slot was published.
+  void wake_worker();
 
   Device* dev_;
   int priority_;
   bool is_default_;
-  std::mutex mu_;  // guards everything below
+  std::unique_ptr<Slot[]> ring_;
+
+  // Producers' side.
+  alignas(64) std::atomic<uint64_t> tail_{0};  // tickets handed out
+  // Worker's side.
+  alignas(64) std::atomic<uint64_t> completed_{0};  // tasks finished
+  uint64_t head_ = 0;  // next ticket the worker takes (worker only)
+
+  // Waiting for completions: the smallest target of a waiting thread
+  // (UINT64_MAX when none), read by the worker after each task.
+  alignas(64) std::atomic<uint64_t> wake_at_{UINT64_MAX};
+  std::mutex wait_mu_;  // guards waiters_, pairs with wait_cv_
+  std::condition_variable wait_cv_;
+  std::multiset<uint64_t> waiters_;
+
+  // The worker's life: started by the first launch, asleep when idle,
+  // retired after a while without work (stream.cpp, run()).
+  std::atomic<int> worker_state_{kNoWorker};
+  std::mutex worker_mu_;  // guards worker_, stop_; pairs with work_cv_
   std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
-  std::deque<Task> queue_;
-  uint64_t enqueued_ = 0;
-  uint64_t completed_ = 0;
-  orError_t error_ = orSuccess;
-  bool stop_ = false;
-  bool worker_alive_ = false;        // worker_ runs (it retires when idle)
-  bool sleeping_ = false;            // the worker waits on work_cv_
-  std::atomic<uint64_t> pushed_{0};  // tasks ever pushed (read lock-free)
   std::thread worker_;
+  bool stop_ = false;
+
+  std::mutex mu_;  // markers and idle(); guards error_
+  orError_t error_ = orSuccess;
 };
 
 #define OR_RETURN_IF_ERROR(expr) \

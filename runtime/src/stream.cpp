@@ -5,15 +5,35 @@
 
 using openreg_rt::Device;
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+}  // namespace
+
 orStream::orStream(Device* dev, int priority, bool is_default)
-    : dev_(dev), priority_(priority), is_default_(is_default) {
+    : dev_(dev),
+      priority_(priority),
+      is_default_(is_default),
+      ring_(new Slot[kCapacity]) {
+  for (uint64_t i = 0; i < kCapacity; ++i) {
+    ring_[i].seq.store(i, std::memory_order_relaxed);
+  }
   std::lock_guard<std::mutex> lock(dev_->streams_mutex);
   dev_->streams.insert(this);
 }
 
 orStream::~orStream() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(worker_mu_);
     stop_ = true;
   }
   work_cv_.notify_all();
@@ -23,48 +43,117 @@ orStream::~orStream() {
 }
 
 void orStream::enqueue(std::function<void()> task) {
-  push(Task{std::move(task), nullptr, nullptr, false});
+  Task t;
+  t.fn = std::move(task);
+  push(std::move(t));
 }
 
 void orStream::enqueue_kernel(orKernelFn fn, void* user_data) {
-  push(Task{nullptr, fn, user_data, false});
+  Task t;
+  t.kernel = fn;
+  t.user_data = user_data;
+  push(std::move(t));
 }
 
 void orStream::enqueue_marker(std::function<void()> signal) {
-  push(Task{std::move(signal), nullptr, nullptr, true});
+  Task t;
+  t.fn = std::move(signal);
+  t.marker = true;
+  push(std::move(t));
 }
 
+// [doc:stream-push]
+// A launch: claim a ticket, fill its slot, publish it, make sure a worker
+// will see it. No lock unless the worker sleeps or must be started.
 void orStream::push(Task task) {
-  bool wake = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(task));
-    ++enqueued_;
-    if (!worker_alive_) {
+  const uint64_t ticket = tail_.fetch_add(1, std::memory_order_acq_rel);
+  Slot& slot = ring_[ticket % kCapacity];
+  while (slot.seq.load(std::memory_order_acquire) != ticket) {
+    // The ring is full: the worker frees this slot when it takes the task
+    // one lap back, which has finished once the count passes it.
+    wait_completed(ticket + 1 - kCapacity);
+  }
+  slot.task = std::move(task);
+  slot.seq.store(ticket + 1, std::memory_order_release);
+  wake_worker();
+}
+// [/doc:stream-push]
+
+void orStream::wake_worker() {
+  // Pairs with the fence in run() before the worker's last look at the
+  // ring: either it sees this slot, or this thread sees it asleep.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (worker_state_.load(std::memory_order_relaxed) == kRunning) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(worker_mu_);
+  switch (worker_state_.load(std::memory_order_relaxed)) {
+    case kSleeping:
+      work_cv_.notify_one();
+      break;
+    case kNoWorker:
       if (worker_.joinable()) {
         worker_.join();  // it retired when idle and holds no lock
       }
-      worker_alive_ = true;
+      worker_state_.store(kRunning, std::memory_order_relaxed);
       worker_ = std::thread([this] { run(); });
-    }
-    wake = sleeping_;
-    pushed_.fetch_add(1, std::memory_order_release);
-  }
-  // A worker that is still spinning finds the task without a wake-up.
-  if (wake) {
-    work_cv_.notify_one();
+      break;
+    default:
+      break;
   }
 }
 
 bool orStream::idle() {
+  // Under mu_: a marker's signal and its count happen in one step.
   std::lock_guard<std::mutex> lock(mu_);
-  return completed_ == enqueued_;
+  return completed_.load(std::memory_order_acquire) ==
+         tail_.load(std::memory_order_acquire);
 }
 
+// [doc:stream-wait]
+// A waiting thread spins briefly when the work it waits for is the last
+// task (a run_sync of one kernel: waking a sleeping thread costs more than
+// the kernel often does), then sleeps until the worker's count reaches its
+// target. The worker wakes it then, not at every task it finishes.
+void orStream::wait_completed(uint64_t target) {
+  constexpr auto kSpin = std::chrono::microseconds(20);
+  if (completed_.load(std::memory_order_acquire) >= target) {
+    return;
+  }
+  if (target - completed_.load(std::memory_order_acquire) <= 1) {
+    const auto until = Clock::now() + kSpin;
+    int n = 0;
+    while (completed_.load(std::memory_order_acquire) < target) {
+      cpu_relax();
+      if ((++n & 63) == 0 && Clock::now() > until) {
+        break;
+      }
+    }
+  }
+  std::unique_lock<std::mutex> lock(wait_mu_);
+  const auto mine = waiters_.insert(target);
+  wake_at_.store(*waiters_.begin(), std::memory_order_seq_cst);
+  wait_cv_.wait(lock, [&] {
+    return completed_.load(std::memory_order_seq_cst) >= target;
+  });
+  waiters_.erase(mine);
+  wake_at_.store(waiters_.empty() ? UINT64_MAX : *waiters_.begin(),
+                 std::memory_order_seq_cst);
+}
+
+void orStream::notify_waiters(uint64_t completed) {
+  // Pairs with the waiter's store of wake_at_ before its last look at the
+  // count (both sequentially consistent): one of the two sees the other.
+  if (completed >= wake_at_.load(std::memory_order_seq_cst)) {
+    std::lock_guard<std::mutex> lock(wait_mu_);
+    wait_cv_.notify_all();
+  }
+}
+// [/doc:stream-wait]
+
 orError_t orStream::synchronize() {
-  std::unique_lock<std::mutex> lock(mu_);
-  const uint64_t target = enqueued_;
-  done_cv_.wait(lock, [&] { return completed_ >= target; });
+  wait_completed(tail_.load(std::memory_order_acquire));
+  std::lock_guard<std::mutex> lock(mu_);
   orError_t err = error_;
   error_ = orSuccess;
   return err;
@@ -92,41 +181,44 @@ void orStream::run() {
   constexpr auto kIdleRetire = std::chrono::milliseconds(10);
   // Kernels run with the stream's device current, as they would on hardware.
   orSetDevice(dev_->index);
-  std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    if (queue_.empty() && !stop_) {
-      // The spin reads an atomic counter, never the mutex, so it does not
-      // slow down the launching thread.
-      const uint64_t seen = pushed_.load(std::memory_order_acquire);
-      lock.unlock();
-      const auto until = std::chrono::steady_clock::now() + kSpin;
-      while (pushed_.load(std::memory_order_acquire) == seen &&
-             std::chrono::steady_clock::now() < until) {
+    Slot& slot = ring_[head_ % kCapacity];
+    auto published = [&] {
+      return slot.seq.load(std::memory_order_acquire) == head_ + 1;
+    };
+    if (!published()) {
+      const auto until = Clock::now() + kSpin;
+      while (!published() && Clock::now() < until) {
         std::this_thread::yield();
       }
-      lock.lock();
     }
-    sleeping_ = true;
-    work_cv_.wait_for(lock, kIdleRetire,
-                      [&] { return stop_ || !queue_.empty(); });
-    sleeping_ = false;
-    if (queue_.empty()) {
-      // Drained and stopping, or idle for kIdleRetire: push() starts a new
-      // worker for the next task.
-      worker_alive_ = false;
-      return;
+    if (!published()) {
+      std::unique_lock<std::mutex> lock(worker_mu_);
+      worker_state_.store(kSleeping, std::memory_order_relaxed);
+      // Pairs with the fence in wake_worker().
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      work_cv_.wait_for(lock, kIdleRetire,
+                        [&] { return stop_ || published(); });
+      if (!published()) {
+        // Stopping with the ring drained, or idle for kIdleRetire: the next
+        // launch starts a new worker.
+        worker_state_.store(kNoWorker, std::memory_order_relaxed);
+        return;
+      }
+      worker_state_.store(kRunning, std::memory_order_relaxed);
     }
-    Task task = std::move(queue_.front());
-    queue_.pop_front();
+    Task task = std::move(slot.task);
+    slot.task.fn = nullptr;
+    slot.seq.store(head_ + kCapacity, std::memory_order_release);  // free
+    ++head_;
     if (task.marker) {
       // Signalled and counted in one critical section (see enqueue_marker).
+      std::lock_guard<std::mutex> lock(mu_);
       task.fn();
       task.fn = nullptr;
-      ++completed_;
-      done_cv_.notify_all();
+      notify_waiters(completed_.fetch_add(1, std::memory_order_seq_cst) + 1);
       continue;
     }
-    lock.unlock();
     if (task.kernel != nullptr) {
       if (task.kernel(task.user_data) != 0) {
         record_error(orErrorLaunchFailure);
@@ -135,9 +227,7 @@ void orStream::run() {
       task.fn();
       task.fn = nullptr;  // release captures before reporting completion
     }
-    lock.lock();
-    ++completed_;
-    done_cv_.notify_all();
+    notify_waiters(completed_.fetch_add(1, std::memory_order_seq_cst) + 1);
   }
 }
 // [/doc:stream-worker]

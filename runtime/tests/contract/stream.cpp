@@ -316,8 +316,10 @@ int RecordTagged(void* arg) {
 }
 
 TEST_F(StreamTest, ConcurrentLaunchesFromManyThreads) {
+  // 4 x 1000 launches on the shared stream: more than a launch queue of
+  // finite capacity holds, so producers also meet a full queue.
   const int kThreads = 4;
-  const int kPerThread = 250;
+  const int kPerThread = 1000;
   StreamHandle shared;
   std::vector<std::pair<int, int>> shared_log;
   int shared_counter = 0;
@@ -373,6 +375,61 @@ TEST_F(StreamTest, ConcurrentLaunchesFromManyThreads) {
       EXPECT_EQ(i, own_logs[t][i].second);
     }
   }
+}
+
+TEST_F(StreamTest, HostFarAheadOfABlockedStreamWaitsForRoomInOrder) {
+  // The first kernel blocks; the host launches far more work than a launch
+  // queue holds. A launch may block for room (CUDA's does), but nothing is
+  // lost or reordered, and everything runs once the gate opens.
+  StreamHandle stream;
+  Gate gate;
+  OR_ASSERT_OK(orLaunchKernel(stream.get(), Gate::Kernel, &gate));
+  const int kSteps = 5000;
+  std::vector<int> log;
+  std::vector<Step> steps;
+  steps.reserve(kSteps);
+  for (int i = 0; i < kSteps; ++i) steps.push_back({&log, i});
+  std::thread opener([&] {
+    gate.WaitEntered();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gate.Open();
+  });
+  int failed_launches = 0;
+  for (auto& s : steps) {
+    if (orLaunchKernel(stream.get(), RecordStep, &s) != orSuccess) {
+      ++failed_launches;
+    }
+  }
+  opener.join();
+  OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+  ASSERT_EQ(0, failed_launches);
+  ASSERT_EQ(static_cast<size_t>(kSteps), log.size());
+  for (int i = 0; i < kSteps; ++i) ASSERT_EQ(i, log[i]);
+}
+
+TEST_F(StreamTest, ManyThreadsSynchronizeAtDifferentPoints) {
+  // Waiters with different targets: each returns once the work launched
+  // before its call has finished, neither earlier nor never.
+  StreamHandle stream;
+  Gate gate;
+  OR_ASSERT_OK(orLaunchKernel(stream.get(), Gate::Kernel, &gate));
+  const int kWaiters = 6;
+  std::vector<std::atomic<bool>> flags(kWaiters);
+  std::vector<std::thread> waiters;
+  std::atomic<int> wrong{0};
+  for (int w = 0; w < kWaiters; ++w) {
+    OR_ASSERT_OK(orLaunchKernel(stream.get(), SetFlag, &flags[w]));
+    waiters.emplace_back([&, w] {
+      if (orStreamSynchronize(stream.get()) != orSuccess) ++wrong;
+      for (int i = 0; i <= w; ++i) {
+        if (!flags[i].load()) ++wrong;  // returned before its work ran
+      }
+    });
+  }
+  gate.Open();
+  for (auto& th : waiters) th.join();
+  OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+  EXPECT_EQ(0, wrong.load());
 }
 
 TEST_F(StreamTest, StreamsOfOneDeviceRunConcurrently) {
