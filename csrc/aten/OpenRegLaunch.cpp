@@ -17,11 +17,13 @@
 #include <c10/util/Exception.h>
 #include <omp.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 #include "core/OpenRegException.h"
 #include "core/OpenRegStream.h"
@@ -45,9 +47,75 @@ struct OnWorker {
 struct KernelTask {
   std::function<void()> kernel;
   std::string op;
-  orStream_t stream;
-  int64_t elements;
+  orStream_t stream = nullptr;
+  int64_t elements = -1;
+  KernelTask* next = nullptr;  // in the finished list or a free list
 };
+
+// [doc:task-reclaim]
+// Where a launch's state is freed. The host allocates a kernel's closure
+// (its captures, their vectors, the tensors it borrows) and the worker runs
+// it; if the worker also freed it, every launch would free on one thread
+// what the other allocated, and the C library's allocator would hand that
+// memory back to the allocating thread's arena under a lock both threads
+// then take for every allocation (the tiny-op loop spent a fifth of its
+// time in that lock). So the worker only runs a task and hands it back on
+// `g_finished`; the next launch (or synchronization) on the host takes the
+// whole list, destroys the closures there and keeps the task objects for
+// reuse. Captures therefore live until the host's next launch or
+// synchronization after the kernel ran: none of them owns device memory
+// (kernels borrow it, see borrowed_alias), so no block stays allocated.
+std::atomic<KernelTask*> g_finished{nullptr};
+
+void hand_back(KernelTask* task) {
+  KernelTask* head = g_finished.load(std::memory_order_relaxed);
+  do {
+    task->next = head;
+  } while (!g_finished.compare_exchange_weak(
+      head, task, std::memory_order_release, std::memory_order_relaxed));
+}
+
+// The task objects a host thread may reuse.
+class TaskPool {
+ public:
+  TaskPool() = default;
+  TaskPool(const TaskPool&) = delete;
+  TaskPool& operator=(const TaskPool&) = delete;
+  ~TaskPool() {
+    while (free_ != nullptr) {
+      delete std::exchange(free_, free_->next);
+    }
+  }
+
+  KernelTask* take() {
+    if (free_ == nullptr) {
+      return new KernelTask;
+    }
+    --count_;
+    return std::exchange(free_, free_->next);
+  }
+
+  void give(KernelTask* task) {
+    if (count_ >= kMaxFree) {
+      delete task;
+      return;
+    }
+    task->next = free_;
+    free_ = task;
+    ++count_;
+  }
+
+ private:
+  static constexpr size_t kMaxFree = 256;
+  KernelTask* free_ = nullptr;
+  size_t count_ = 0;
+};
+
+TaskPool& task_pool() {
+  thread_local TaskPool pool;
+  return pool;
+}
+// [/doc:task-reclaim]
 
 // [doc:worker-threads]
 // How many threads a kernel's parallel regions use on the worker. The host
@@ -98,20 +166,24 @@ class DeferWarnings : public c10::WarningHandler {
 };
 
 int run_task(void* data) {
-  std::unique_ptr<KernelTask> task(static_cast<KernelTask*>(data));
-  const OnWorker on_worker;
-  const WorkerThreads threads(task->elements);
-  DeferWarnings defer(task->stream);
-  const c10::WarningUtils::WarningHandlerGuard guard(&defer);
-  try {
-    task->kernel();
-    return 0;
-  } catch (const c10::Error& e) {
-    record_kernel_failure(task->stream, task->op, e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    record_kernel_failure(task->stream, task->op, e.what());
+  auto* task = static_cast<KernelTask*>(data);
+  int status = 1;
+  {
+    const OnWorker on_worker;
+    const WorkerThreads threads(task->elements);
+    DeferWarnings defer(task->stream);
+    const c10::WarningUtils::WarningHandlerGuard guard(&defer);
+    try {
+      task->kernel();
+      status = 0;
+    } catch (const c10::Error& e) {
+      record_kernel_failure(task->stream, task->op, e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      record_kernel_failure(task->stream, task->op, e.what());
+    }
   }
-  return 1;
+  hand_back(task);
+  return status;
 }
 
 // A kernel the host waits for (run_sync): it runs on the stream's worker in
@@ -169,20 +241,38 @@ bool launch_blocking() {
 }
 
 // [doc:launch-async]
-void launch_async(c10::DeviceIndex device, std::string op,
+void launch_async(c10::DeviceIndex device, const std::string& op,
                   std::function<void()> kernel, int64_t elements) {
   OpenRegStream stream = getCurrentStream(device);
   if (launch_blocking()) {
     run_sync(device, kernel);
     return;
   }
+  reclaim_finished_tasks();
   const profiler::QueuedKernel trace(stream.unwrap(), op, kernel);
-  auto* task = new KernelTask{std::move(kernel), std::move(op), stream.native(),
-                              elements};
+  KernelTask* task = task_pool().take();
+  task->kernel = std::move(kernel);
+  task->op.assign(op);  // reuses the pooled task's buffer
+  task->stream = stream.native();
+  task->elements = elements;
   orError_t err = orLaunchKernel(task->stream, &run_task, task);
   if (err != orSuccess) {
-    delete task;
+    task->kernel = nullptr;
+    task_pool().give(task);
     OPENREG_CHECK(err);
+  }
+}
+
+void reclaim_finished_tasks() {
+  if (g_finished.load(std::memory_order_relaxed) == nullptr) {
+    return;
+  }
+  KernelTask* list = g_finished.exchange(nullptr, std::memory_order_acquire);
+  TaskPool& pool = task_pool();
+  while (list != nullptr) {
+    KernelTask* task = std::exchange(list, list->next);
+    task->kernel = nullptr;  // the captures go here, on the host
+    pool.give(task);
   }
 }
 // [/doc:launch-async]

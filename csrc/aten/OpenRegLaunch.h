@@ -30,8 +30,13 @@
 
 namespace openreg {
 
-void launch_async(c10::DeviceIndex device, std::string op,
+void launch_async(c10::DeviceIndex device, const std::string& op,
                   std::function<void()> kernel, int64_t elements = -1);
+
+// Destroys, on the calling thread, the closures of kernels that have run
+// (see OpenRegLaunch.cpp, "task-reclaim"). launch_async and every host
+// synchronization call it; cheap when there is nothing to reclaim.
+void reclaim_finished_tasks();
 
 void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel);
 

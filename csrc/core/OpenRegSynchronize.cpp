@@ -4,6 +4,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "aten/OpenRegLaunch.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
 
@@ -113,6 +114,7 @@ void synchronize_stream(orStream_t stream, c10::DeviceIndex device,
                         int64_t id) {
   const orError_t err =
       host_wait([stream] { return orStreamSynchronize(stream); });
+  reclaim_finished_tasks();
   raise_deferred_warnings(stream, device);
   raise_deferred(err, stream, device);
   trace_sync("sync_stream", 0, id, device);
@@ -121,6 +123,7 @@ void synchronize_stream(orStream_t stream, c10::DeviceIndex device,
 void synchronize_device(c10::DeviceIndex device) {
   ScopedDevice guard(device);
   const orError_t err = host_wait([] { return orDeviceSynchronize(); });
+  reclaim_finished_tasks();
   raise_deferred_warnings(nullptr, device);
   raise_deferred(err, nullptr, device);
   trace_sync("sync_device", 0, 0, device);
@@ -132,6 +135,7 @@ void synchronize_event(orEvent_t event) {
     return;
   }
   OPENREG_CHECK(host_wait([event] { return orEventSynchronize(event); }));
+  reclaim_finished_tasks();
   trace_sync("sync_event", reinterpret_cast<int64_t>(event), 0, -1);
 }
 
