@@ -550,6 +550,12 @@ def _stuck_peer(rank, world):
 
 def _dead_peer(rank, world):
     _init(rank, world, seconds=30)
+    # One collective on each backend first: init_process_group returns on a
+    # rank once its own meshes are connected, and a peer that died before
+    # rank 0 finished connecting would fail init instead of the collective.
+    dist.all_reduce(torch.ones(1))
+    dist.all_reduce(torch.ones(1, device=_dev(rank)))
+    torch.openreg.synchronize(_dev(rank))
     if rank == 1:
         os._exit(0)  # dies without a word
     time.sleep(2)
