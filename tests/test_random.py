@@ -404,3 +404,83 @@ def test_offset_counts_launches_and_can_be_set():
     assert torch.equal(torch.empty(10, device="openreg").uniform_(generator=g).cpu(), b.cpu())
     with pytest.raises(RuntimeError, match="16 bytes"):
         g.set_state(torch.zeros(5056, dtype=torch.uint8))
+
+
+# ---------------------------------------------------------------------------
+# Fused dropout: one kernel, Philox4x32-10 keyed by the launch's draw
+
+
+def _philox_block(seed, offset, index):
+    """Philox4x32-10 (Salmon et al. 2011), written out independently of the C++."""
+    m = 0xFFFFFFFF
+    c = [index & m, index >> 32, offset & m, offset >> 32]
+    k0, k1 = seed & m, seed >> 32
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + 0x9E3779B9) & m, (k1 + 0xBB67AE85) & m
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k0, p1 & m, (p0 >> 32) ^ c[3] ^ k1, p0 & m]
+    return c
+
+
+def test_philox_reference_matches_the_published_known_answers():
+    assert _philox_block(0, 0, 0) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    ones = 2**64 - 1
+    assert _philox_block(ones, ones, ones) == [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+
+
+def _expected_mask(seed, offset, n, keep):
+    threshold = int(keep * 2**24)
+    bits = [x for b in range((n + 3) // 4) for x in _philox_block(seed, offset, b)]
+    return torch.tensor([(x >> 8) < threshold for x in bits[:n]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_fused_dropout_values(dtype):
+    torch.openreg.manual_seed(2024)
+    gen = torch.openreg.default_generators[0]
+    x = torch.randn(37, 11).to(dtype)
+    x[0, 0], x[0, 1], x[1, 0] = float("nan"), float("inf"), float("-inf")
+    offset = gen.get_offset()
+    out, mask = torch.native_dropout(x.to(D), 0.3, True)
+    assert gen.get_offset() == offset + 1  # one launch, one draw
+    expected = _expected_mask(2024, offset, x.numel(), 0.7).view(37, 11)
+    assert torch.equal(mask.cpu(), expected)
+    # The CPU's arithmetic on the CPU's values (a dropped NaN or inf is NaN).
+    assert torch.equal(out.cpu().isnan(), (x * expected).isnan())
+    ref = x * expected * (1 / 0.7)
+    assert torch.allclose(out.cpu(), ref, rtol=0, atol=0, equal_nan=True)
+    grad = torch.randn(37, 11).to(dtype)
+    back = torch.ops.aten.native_dropout_backward(grad.to(D), mask, 1 / 0.7)
+    assert torch.equal(back.cpu(), grad * expected * (1 / 0.7))
+
+
+def test_fused_dropout_layouts_and_autograd():
+    torch.openreg.manual_seed(5)
+    base = torch.randn(64, 48)
+    on_device = base.to(D)
+    # A dense permutation keeps its strides (one fused kernel); a strided
+    # view takes the composed path. Either way: input * mask * scale.
+    for xd in (on_device.t(), on_device[::2, ::3]):
+        out, mask = torch.native_dropout(xd, 0.25, True)
+        assert out.shape == xd.shape and mask.dtype == torch.bool
+        if xd.is_contiguous() or xd.t().is_contiguous():
+            assert out.stride() == xd.stride() and mask.stride() == xd.stride()
+        assert torch.equal(out.cpu(), xd.cpu() * mask.cpu() * (1 / 0.75))
+    w = torch.randn(32, 16, requires_grad=True)
+    wd = w.detach().to(D).requires_grad_()
+    y = F.dropout(wd, 0.5)
+    (y * 3).sum().backward()
+    kept = (y.detach().cpu() != 0).float()
+    assert torch.equal(wd.grad.cpu(), kept * 3 * 2)
+    assert 0.35 < kept.mean().item() < 0.65
+
+
+def test_fused_dropout_edge_probabilities():
+    x = torch.randn(100, device=D)
+    out, mask = torch.native_dropout(x, 0.0, True)
+    assert bool(mask.all()) and torch.equal(out.cpu(), x.cpu())
+    out, mask = torch.native_dropout(x, 1.0, True)
+    assert not bool(mask.any()) and torch.equal(out.cpu(), torch.zeros(100))
+    with pytest.raises(RuntimeError, match="Bool"):
+        torch.ops.aten.native_dropout_backward(x, x, 2.0)
