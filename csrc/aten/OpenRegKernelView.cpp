@@ -24,54 +24,92 @@ void* kernel_base(const c10::Storage& storage) {
 
 namespace {
 
-at::Tensor make_view(const c10::Storage& cpu_storage, const at::Tensor& t) {
+at::Tensor make_view(const c10::Storage& cpu_storage, caffe2::TypeMeta dtype,
+                     c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                     int64_t storage_offset, bool conj, bool neg) {
   at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
       c10::Storage(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
-      t.dtype());
-  view.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(),
-                                                    t.storage_offset());
-  view._set_conj(t.is_conj());
-  view._set_neg(t.is_neg());
+      dtype);
+  view.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides,
+                                                    storage_offset);
+  if (conj) {
+    view._set_conj(true);
+  }
+  if (neg) {
+    view._set_neg(true);
+  }
   return view;
 }
 
 }  // namespace
 
+DeviceTensorRef::DeviceTensorRef(const at::Tensor& t)
+    : storage(t.storage().unsafeGetStorageImpl()),
+      storage_data(t.storage().data()),
+      storage_nbytes(t.storage().nbytes()),
+      sizes(t.sizes().begin(), t.sizes().end()),
+      strides(t.strides().begin(), t.strides().end()),
+      storage_offset(t.storage_offset()),
+      dtype(t.dtype()),
+      conj(t.is_conj()),
+      neg(t.is_neg()) {
+  TORCH_INTERNAL_ASSERT(t.device().type() == c10::DeviceType::PrivateUse1);
+}
+
+KernelViews::Entry& KernelViews::entry(const void* key,
+                                       const c10::Storage* storage,
+                                       const void* data, size_t nbytes) {
+  for (Entry& e : entries_) {
+    if (e.device == key) {
+      return e;
+    }
+  }
+  void* base = nullptr;
+  if (data != nullptr) {
+    OPENREG_CHECK(orGetKernelPointer(&base, data));
+  }
+  // Non-owning: the device memory outlives the kernel (stream order).
+  c10::DataPtr cpu_data(base, c10::Device(c10::DeviceType::CPU));
+  c10::Storage cpu_storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes, std::move(cpu_data), nullptr,
+      false));
+  entries_.push_back({key, storage != nullptr ? *storage : c10::Storage(),
+                      std::move(cpu_storage), base});
+  return entries_.back();
+}
+
 at::Tensor KernelViews::view(const at::Tensor& t, bool resizable) {
   TORCH_INTERNAL_ASSERT(t.device().type() == c10::DeviceType::PrivateUse1);
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
-  Entry* entry = nullptr;
-  for (Entry& e : entries_) {
-    if (e.device == key) {
-      entry = &e;
-      break;
-    }
-  }
-  if (entry == nullptr) {
-    const c10::Storage& storage = t.storage();
-    void* base = kernel_base(storage);
-    // Non-owning: the device tensor keeps the memory alive.
-    c10::DataPtr data(base, c10::Device(c10::DeviceType::CPU));
-    c10::Storage cpu_storage(c10::make_intrusive<c10::StorageImpl>(
-        c10::StorageImpl::use_byte_size_t(), storage.nbytes(), std::move(data),
-        nullptr, false));
-    entries_.push_back({key, storage, cpu_storage, base});
-    entry = &entries_.back();
-  }
-  if (resizable && !entry->cpu_storage.resizable()) {
+  const c10::Storage& storage = t.storage();
+  Entry& e = entry(storage.unsafeGetStorageImpl(), &storage, storage.data(),
+                   storage.nbytes());
+  if (resizable && !e.cpu_storage.resizable()) {
     // The allocator first: a resizable storage must have one.
-    entry->cpu_storage.unsafeGetStorageImpl()->set_allocator(
-        c10::GetCPUAllocator());
-    entry->cpu_storage.unsafeGetStorageImpl()->set_resizable(true);
+    e.cpu_storage.unsafeGetStorageImpl()->set_allocator(c10::GetCPUAllocator());
+    e.cpu_storage.unsafeGetStorageImpl()->set_resizable(true);
   }
   for (const auto& [seen, v] : views_) {
     if (seen == impl) {
       return v;
     }
   }
-  at::Tensor v = make_view(entry->cpu_storage, t);
+  at::Tensor v = make_view(e.cpu_storage, t.dtype(), t.sizes(), t.strides(),
+                           t.storage_offset(), t.is_conj(), t.is_neg());
   views_.emplace_back(impl, v);
+  return v;
+}
+
+at::Tensor KernelViews::view(const DeviceTensorRef& t) {
+  for (const auto& [seen, v] : views_) {
+    if (seen == &t) {
+      return v;
+    }
+  }
+  Entry& e = entry(t.storage, nullptr, t.storage_data, t.storage_nbytes);
+  at::Tensor v = make_view(e.cpu_storage, t.dtype, t.sizes, t.strides,
+                           t.storage_offset, t.conj, t.neg);
+  views_.emplace_back(&t, v);
   return v;
 }
 
@@ -82,8 +120,8 @@ const c10::Storage* KernelViews::device_storage_of(
   for (const Entry& e : entries_) {
     // The kernel view's own storage (a view of an input; an empty storage
     // has no address to match), or another over the same address.
-    if (e.cpu_storage.unsafeGetStorageImpl() == impl ||
-        (data != nullptr && e.base == data)) {
+    if (e.device_storage && (e.cpu_storage.unsafeGetStorageImpl() == impl ||
+                             (data != nullptr && e.base == data))) {
       return &e.device_storage;
     }
   }

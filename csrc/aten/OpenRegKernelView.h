@@ -9,13 +9,35 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Stream.h>
+#include <c10/util/SmallVector.h>
 
-#include <vector>
+#include <utility>
 
 namespace openreg {
 
 // The kernel address of a device storage's first byte (nullptr if empty).
 void* kernel_base(const c10::Storage& storage);
+
+// A device tensor as a queued kernel captures it: where its storage is and
+// how the tensor lies in it, without a TensorImpl of its own. Like
+// borrowed_alias it does not own the memory; it costs the host no
+// allocation. Within one launch, `storage` tells which captured tensors
+// share a storage (it is only compared, never dereferenced: the kernel may
+// run after the host freed that StorageImpl).
+struct DeviceTensorRef {
+  DeviceTensorRef() = default;
+  explicit DeviceTensorRef(const at::Tensor& t);
+
+  const void* storage = nullptr;       // identity of the device storage
+  const void* storage_data = nullptr;  // device address of its first byte
+  size_t storage_nbytes = 0;
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
+  int64_t storage_offset = 0;
+  caffe2::TypeMeta dtype;
+  bool conj = false;
+  bool neg = false;
+};
 
 // The kernel views of one kernel launch.
 //
@@ -29,6 +51,8 @@ void* kernel_base(const c10::Storage& storage);
 class KernelViews {
  public:
   at::Tensor view(const at::Tensor& t, bool resizable = false);
+  // The view of a captured tensor (one per DeviceTensorRef object).
+  at::Tensor view(const DeviceTensorRef& t);
 
   // The device storage whose kernel view a CPU tensor's storage is, or
   // nullptr if it is none of this launch's.
@@ -36,14 +60,16 @@ class KernelViews {
 
  private:
   struct Entry {
-    c10::StorageImpl* device;  // key
-    c10::Storage device_storage;
+    const void* device;           // key: the device StorageImpl
+    c10::Storage device_storage;  // undefined for a DeviceTensorRef's
     c10::Storage cpu_storage;
     void* base;  // kernel address the CPU storage started at
   };
-  std::vector<Entry> entries_;
-  // One view per device TensorImpl.
-  std::vector<std::pair<c10::TensorImpl*, at::Tensor>> views_;
+  Entry& entry(const void* key, const c10::Storage* storage, const void* data,
+               size_t nbytes);
+  c10::SmallVector<Entry, 4> entries_;
+  // One view per device TensorImpl or DeviceTensorRef.
+  c10::SmallVector<std::pair<const void*, at::Tensor>, 4> views_;
 };
 
 // A device tensor over the same memory and metadata as `t` that does not own

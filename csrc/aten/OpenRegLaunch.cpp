@@ -2,8 +2,9 @@
 //
 // Every stream is an in-order queue drained by a worker thread (the runtime's
 // orLaunchKernel). A kernel is a closure that captures what it needs *by
-// value*: device tensors as non-owning handles over the same memory
-// (borrowed_alias: a tensor freed on the host returns its block to the
+// value*: device tensors as non-owning references to the same memory
+// (DeviceTensorRef, borrowed_alias: a tensor freed on the host returns its
+// block to the
 // caching allocator at once, which reuses it only in stream order, as CUDA's
 // does; the worker never touches Python objects), CPU tensors as snapshots.
 // If it throws, the message is kept per stream and raised, naming the op, at
@@ -45,7 +46,7 @@ struct OnWorker {
 };
 
 struct KernelTask {
-  std::function<void()> kernel;
+  KernelBody kernel;
   std::string op;
   orStream_t stream = nullptr;
   int64_t elements = -1;
@@ -53,18 +54,18 @@ struct KernelTask {
 };
 
 // [doc:task-reclaim]
-// Where a launch's state is freed. The host allocates a kernel's closure
-// (its captures, their vectors, the tensors it borrows) and the worker runs
-// it; if the worker also freed it, every launch would free on one thread
-// what the other allocated, and the C library's allocator would hand that
-// memory back to the allocating thread's arena under a lock both threads
-// then take for every allocation (the tiny-op loop spent a fifth of its
-// time in that lock). So the worker only runs a task and hands it back on
-// `g_finished`; the next launch (or synchronization) on the host takes the
-// whole list, destroys the closures there and keeps the task objects for
-// reuse. Captures therefore live until the host's next launch or
-// synchronization after the kernel ran: none of them owns device memory
-// (kernels borrow it, see borrowed_alias), so no block stays allocated.
+// Where a launch's state is freed. The host makes a kernel's closure (its
+// captures, their vectors, the tensors it borrows) and the worker runs it; if
+// the worker also freed it, every launch would free on one thread what the
+// other allocated, and the C library's allocator would hand that memory back to
+// the allocating thread's arena under a lock both threads then take for every
+// allocation (the tiny-op loop spent a fifth of its time in that lock). So the
+// worker only runs a task and hands it back on `g_finished`; the next launch
+// (or synchronization) on the host takes the whole list, destroys the closures
+// there and keeps the task objects for reuse. Captures therefore live until the
+// host's next launch or synchronization after the kernel ran: none of them owns
+// device memory (kernels borrow it, see borrowed_alias), so no block stays
+// allocated.
 std::atomic<KernelTask*> g_finished{nullptr};
 
 void hand_back(KernelTask* task) {
@@ -242,7 +243,7 @@ bool launch_blocking() {
 
 // [doc:launch-async]
 void launch_async(c10::DeviceIndex device, const std::string& op,
-                  std::function<void()> kernel, int64_t elements) {
+                  KernelBody kernel, int64_t elements) {
   OpenRegStream stream = getCurrentStream(device);
   if (launch_blocking()) {
     run_sync(device, kernel);

@@ -2,14 +2,15 @@
 //
 // launch_async() enqueues `kernel` on the current stream of `device` and
 // returns: it runs later on the stream's worker, in stream order. A kernel
-// captures what it needs by value: device tensors as non-owning handles
-// (borrowed_alias in OpenRegKernelView.h), CPU tensors as snapshots; it never
-// touches Python objects. `op` names it if it throws; the error is raised at
-// the next synchronization (OpenRegSynchronize.h).
-// `elements`, when known (>= 0), is the size of the largest tensor the
-// kernel reads or writes: a small kernel runs on the worker thread alone,
-// without an OpenMP team (OpenRegLaunch.cpp, WorkerThreads).
-// With OPENREG_LAUNCH_BLOCKING=1 every launch runs at once and waits.
+// captures what it needs by value: device tensors as non-owning references
+// (DeviceTensorRef or borrowed_alias in OpenRegKernelView.h), CPU tensors as
+// snapshots; it never touches Python objects. Its closure is a KernelBody
+// (core/OpenRegKernelBody.h): move-only, kept inline when small. `op` names it
+// if it throws; the error is raised at the next synchronization
+// (OpenRegSynchronize.h). `elements`, when known (>= 0), is the size of the
+// largest tensor the kernel reads or writes: a small kernel runs on the worker
+// thread alone, without an OpenMP team (OpenRegLaunch.cpp, WorkerThreads). With
+// OPENREG_LAUNCH_BLOCKING=1 every launch runs at once and waits.
 //
 // run_sync() is for work whose result the host needs now (ops whose output
 // shape depends on the data, the first run of an op signature): it waits for
@@ -25,13 +26,14 @@
 #include <c10/util/FunctionRef.h>
 
 #include <cstdint>
-#include <functional>
 #include <string>
+
+#include "core/OpenRegKernelBody.h"
 
 namespace openreg {
 
 void launch_async(c10::DeviceIndex device, const std::string& op,
-                  std::function<void()> kernel, int64_t elements = -1);
+                  KernelBody kernel, int64_t elements = -1);
 
 // Destroys, on the calling thread, the closures of kernels that have run
 // (see OpenRegLaunch.cpp, "task-reclaim"). launch_async and every host

@@ -26,8 +26,9 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <string>
+
+#include "core/OpenRegKernelBody.h"
 
 namespace openreg::profiler {
 
@@ -48,7 +49,7 @@ inline bool recording() noexcept {
 class QueuedKernel {
  public:
   QueuedKernel(const c10::Stream& stream, const std::string& op,
-               std::function<void()>& kernel) {
+               KernelBody& kernel) {
     if (C10_UNLIKELY(recording())) {
       begin(stream, op, kernel);
     }
@@ -63,7 +64,7 @@ class QueuedKernel {
 
  private:
   void begin(const c10::Stream& stream, const std::string& op,
-             std::function<void()>& kernel);
+             KernelBody& kernel);
   void end() noexcept;
   uint32_t flow_ = 0;
 };

@@ -79,11 +79,11 @@ const char* copy_name(orMemcpyKind kind, bool pinned) {
 
 // [doc:queued-kernel]
 void QueuedKernel::begin(const c10::Stream& stream, const std::string& op,
-                         std::function<void()>& kernel) {
+                         KernelBody& kernel) {
   const int64_t t = now_ns();
   const uint32_t flow = collector().launched(Work::kKernel, stream, op, t);
   kernel = [inner = std::move(kernel), flow,
-            token = std::make_shared<InFlight>()]() {
+            token = std::make_shared<InFlight>()]() mutable {
     const DeviceSpan span{flow};
     inner();
   };

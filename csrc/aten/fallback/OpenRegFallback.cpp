@@ -29,8 +29,10 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "aten/OpenRegKernelView.h"
@@ -174,6 +176,108 @@ void check_scalars_fit_self(c10::ArrayRef<c10::IValue> args) {
   }
 }
 
+// What a queued call keeps until its kernel has run. Pooled per host thread
+// (the closure returns it when the host destroys it, see "task-reclaim" in
+// OpenRegLaunch.cpp), so a warm launch allocates nothing for it.
+struct QueuedCall {
+  std::optional<c10::OperatorHandle> op;
+  const OpTraits* traits = nullptr;
+  std::shared_ptr<const LaunchPlan> plan;
+  bool into_results = false;
+  CapturedArgs args;
+  // The new results, and where each goes among the operator's returns
+  // (return index, list index or -1).
+  c10::SmallVector<DeviceTensorRef, 2> results;
+  c10::SmallVector<std::pair<size_t, int>, 2> result_slots;
+  // Random ops: the argument whose generator the kernel makes from a draw.
+  c10::SmallVector<std::pair<size_t, RandomDraw>, 1> draws;
+
+  void clear() {
+    op.reset();
+    plan.reset();
+    args.clear();
+    results.clear();
+    result_slots.clear();
+    draws.clear();
+  }
+};
+
+class QueuedCallPool {
+ public:
+  QueuedCallPool() = default;
+  QueuedCallPool(const QueuedCallPool&) = delete;
+  QueuedCallPool& operator=(const QueuedCallPool&) = delete;
+  ~QueuedCallPool() {
+    for (QueuedCall* c : free_) {
+      delete c;
+    }
+  }
+  QueuedCall* take() {
+    if (free_.empty()) {
+      return new QueuedCall;
+    }
+    QueuedCall* c = free_.back();
+    free_.pop_back();
+    return c;
+  }
+  void give(QueuedCall* c) noexcept {
+    c->clear();
+    if (free_.size() >= kMaxFree) {
+      delete c;
+      return;
+    }
+    free_.push_back(c);  // reserved: does not allocate
+  }
+  static QueuedCallPool& mine() {
+    thread_local QueuedCallPool pool;
+    return pool;
+  }
+
+ private:
+  static constexpr size_t kMaxFree = 256;
+  std::vector<QueuedCall*> free_ = reserved();
+  static std::vector<QueuedCall*> reserved() {
+    std::vector<QueuedCall*> v;
+    v.reserve(kMaxFree);
+    return v;
+  }
+};
+
+struct ReturnToPool {
+  void operator()(QueuedCall* c) const noexcept {
+    QueuedCallPool::mine().give(c);
+  }
+};
+using PooledCall = std::unique_ptr<QueuedCall, ReturnToPool>;
+
+// The kernel of a queued call, on the stream's worker.
+void run_queued_kernel(QueuedCall& call) {
+  for (const auto& [i, draw] : call.draws) {
+    call.args.args[i] = kernel_generator(draw);
+  }
+  DropRaisedWarnings drop(call.plan->warnings);
+  const c10::WarningUtils::WarningHandlerGuard guard(&drop);
+  KernelViews views;
+  if (call.into_results) {
+    run_cpu_kernel_into(*call.traits, call.args, call.results, views);
+    return;
+  }
+  torch::jit::Stack out =
+      run_cpu_kernel(*call.op, *call.traits, call.args, views);
+  for (size_t k = 0; k < call.results.size(); ++k) {
+    const auto& [ret, index] = call.result_slots[k];
+    const DeviceTensorRef& dst = call.results[k];
+    const c10::IValue& v = out[ret];
+    at::Tensor result = index < 0 ? v.toTensor() : v.toTensorList()[index];
+    TORCH_CHECK(result.defined() &&
+                    result.sizes() == c10::IntArrayRef(dst.sizes) &&
+                    result.dtype() == dst.dtype,
+                "the CPU kernel's result differs from the plan's ",
+                c10::IntArrayRef(dst.sizes), " ", dst.dtype);
+    views.view(dst).copy_(result);
+  }
+}
+
 // A call whose signature is known: everything the host must do happens
 // here, at the call; only the CPU kernel is queued.
 void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
@@ -197,10 +301,13 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
       resize_impl(t.unsafeGetTensorImpl(), spec.sizes, spec.strides);
     }
   }
+  PooledCall call(QueuedCallPool::mine().take());
+  call->op = op;
+  call->traits = &traits;
+  call->plan = plan;
   // New results, allocated now from the device allocator (the device guard
   // is set), as CUDA's kernels allocate theirs: not through the dispatcher.
   c10::SmallVector<c10::IValue, 4> results;
-  std::vector<std::pair<std::pair<size_t, int>, at::Tensor>> new_outputs;
   for (size_t r = 0; r < plan->outputs.size(); ++r) {
     const LaunchPlan::Output& out = plan->outputs[r];
     auto make = [&](size_t k) {
@@ -208,8 +315,9 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
       at::Tensor t = at::detail::empty_strided_generic(
           s.sizes, s.strides, device_allocator(),
           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), s.dtype);
-      new_outputs.push_back(
-          {{r, out.is_list ? static_cast<int>(k) : -1}, borrowed_alias(t)});
+      call->results.emplace_back(t);
+      call->result_slots.emplace_back(r,
+                                      out.is_list ? static_cast<int>(k) : -1);
       return t;
     };
     if (out.arg >= 0) {
@@ -226,18 +334,18 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
       results.emplace_back(make(0));
     }
   }
-  std::vector<c10::IValue> captured = capture_arguments(*stack, traits);
+  capture_arguments(*stack, traits, call->args);
   // Random ops reserve their draw now, in program order; the kernel makes
   // its generator from it when it runs.
-  std::vector<std::pair<size_t, RandomDraw>> draws;
   for (size_t i = 0; i < num_args; ++i) {
     if (traits.generator[i]) {
+      c10::IValue& g = call->args.args[i];
       std::optional<at::Generator> gen;
-      if (captured[i].isGenerator()) {
-        gen = captured[i].toGenerator();
+      if (g.isGenerator()) {
+        gen = g.toGenerator();
       }
-      draws.emplace_back(i, reserve_draw(gen, device.index()));
-      captured[i] = c10::IValue();
+      call->draws.emplace_back(i, reserve_draw(gen, device.index()));
+      g = c10::IValue();
     }
   }
   // A structured functional op whose results are all new single tensors
@@ -247,38 +355,10 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
     into_results =
         into_results && out.arg < 0 && !out.is_list && out.tensors.size() == 1;
   }
+  call->into_results = into_results;
   launch_async(
       device.index(), traits.display_name,
-      [op, &traits, plan, into_results, captured = std::move(captured),
-       draws = std::move(draws),
-       new_outputs = std::move(new_outputs)]() mutable {
-        for (const auto& [i, draw] : draws) {
-          captured[i] = kernel_generator(draw);
-        }
-        DropRaisedWarnings drop(plan->warnings);
-        const c10::WarningUtils::WarningHandlerGuard guard(&drop);
-        KernelViews views;
-        if (into_results) {
-          c10::SmallVector<at::Tensor, 4> dsts;
-          for (auto& entry : new_outputs) {
-            dsts.push_back(std::move(entry.second));
-          }
-          run_cpu_kernel_into(traits, captured, dsts, views);
-          return;
-        }
-        torch::jit::Stack out = run_cpu_kernel(op, traits, captured, views);
-        for (const auto& [where, dst] : new_outputs) {
-          const c10::IValue& v = out[where.first];
-          at::Tensor result =
-              where.second < 0 ? v.toTensor() : v.toTensorList()[where.second];
-          TORCH_CHECK(result.defined() && result.sizes() == dst.sizes() &&
-                          result.scalar_type() == dst.scalar_type(),
-                      "the CPU kernel's result differs from the plan's ",
-                      dst.sizes(), " ", dst.scalar_type());
-          views.view(dst).copy_(result);
-        }
-      },
-      plan->elements);
+      [call = std::move(call)] { run_queued_kernel(*call); }, plan->elements);
   torch::jit::drop(*stack, num_args);
   for (c10::IValue& r : results) {
     stack->push_back(std::move(r));
