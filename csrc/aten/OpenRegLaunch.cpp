@@ -16,9 +16,13 @@
 #include <ATen/TensorIterator.h>
 #include <ATen/ThreadLocalState.h>
 #include <c10/util/Exception.h>
+#include <fcntl.h>
 #include <omp.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -119,29 +123,44 @@ TaskPool& task_pool() {
 // [/doc:task-reclaim]
 
 // [doc:worker-threads]
-// How many threads a kernel's parallel regions use on the worker. The host
-// thread keeps dispatching while the worker runs, so a small kernel opening
-// an OpenMP team would take the host's core for a team thread that then
-// waits in the team's barrier for the worker, or the worker for it, each
-// preempted by the other (a dispatch-bound training step ran 1.6x slower
-// that way). Kernels on small tensors, whose work would not fill two threads
-// anyway (ATen's parallel_for does not split below GRAIN_SIZE elements), run
-// on the worker alone; the others keep the process's intra-op threads.
+// SIMULATOR ONLY: how many threads a kernel's parallel regions use on the
+// worker, which shares the machine's cores with the host and with every
+// other program.
+//
+// The host thread keeps dispatching while the worker runs, so a small
+// kernel opening an OpenMP team would take the host's core for a team
+// thread that then waits in the team's barrier for the worker, or the
+// worker for it, each preempted by the other (a dispatch-bound training
+// step ran 1.6x slower that way). Kernels on small tensors, whose work would
+// not fill two threads anyway (ATen's parallel_for does not split below
+// GRAIN_SIZE elements), run on the worker alone.
+//
+// Larger kernels get the process's intra-op threads, less one for each
+// thread that other programs keep runnable beyond what openreg itself may
+// have running (the worker, its team, the host): on a machine whose cores
+// are all taken, a team waits at every barrier for a member the scheduler
+// has preempted, and runs slower than the worker alone (an MLP step with
+// two spinning processes beside it: 7.8 ms with teams, 2.7 ms without).
+// The count of runnable threads is the kernel's own (/proc/loadavg), read
+// at most once a millisecond.
+//
 // Only the thread count changes: initialising ATen's threading state on the
 // worker from here (at::internal::lazy_init_num_threads) made convolutions
 // on the worker twice as slow (conv2d 64 ch 56x56: 0.61 -> 1.29 ms).
 class WorkerThreads {
  public:
   explicit WorkerThreads(int64_t elements) {
-    if (elements >= 0 && elements < at::internal::GRAIN_SIZE) {
-      previous_ = omp_get_max_threads();
-      if (previous_ != 1) {
-        omp_set_num_threads(1);
-      }
+    const int max = omp_get_max_threads();
+    const int want = elements >= 0 && elements < at::internal::GRAIN_SIZE
+                         ? 1
+                         : threads_left_by_others(max);
+    if (want < max) {
+      previous_ = max;
+      omp_set_num_threads(want);
     }
   }
   ~WorkerThreads() {
-    if (previous_ > 1) {
+    if (previous_ > 0) {
       omp_set_num_threads(previous_);
     }
   }
@@ -149,6 +168,44 @@ class WorkerThreads {
   WorkerThreads& operator=(const WorkerThreads&) = delete;
 
  private:
+  // Threads runnable on the whole machine now, or -1 if unknown.
+  static int runnable_threads() {
+    static const int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      return -1;
+    }
+    char buf[128];
+    const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+    if (n <= 0) {
+      return -1;
+    }
+    buf[n] = '\0';
+    // "0.50 0.40 0.30 3/120 4567": the fourth field's numerator.
+    const char* p = buf;
+    for (int field = 0; field < 3 && p != nullptr; ++field) {
+      p = std::strchr(p, ' ');
+      p = p != nullptr ? p + 1 : nullptr;
+    }
+    return p != nullptr ? std::atoi(p) : -1;
+  }
+
+  // `max` less the threads other programs keep runnable (see above).
+  static int threads_left_by_others(int max) {
+    using Clock = std::chrono::steady_clock;
+    thread_local Clock::time_point checked;
+    thread_local int threads = 0;
+    const Clock::time_point now = Clock::now();
+    if (threads == 0 || now - checked > std::chrono::milliseconds(1)) {
+      checked = now;
+      const int runnable = runnable_threads();
+      // Ours at most: this worker, the team it last had, the host thread.
+      const int ours = (threads > 0 ? threads : max) + 1;
+      const int others = runnable < 0 ? 0 : std::max(0, runnable - ours);
+      threads = std::max(1, max - others);
+    }
+    return std::min(threads, max);
+  }
+
   int previous_ = 0;
 };
 // [/doc:worker-threads]
