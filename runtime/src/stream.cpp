@@ -1,5 +1,8 @@
 // Streams: in-order queues, each drained by one worker thread.
+#include <pthread.h>
+
 #include <chrono>
+#include <cstdio>
 
 #include "runtime_internal.h"
 
@@ -181,6 +184,12 @@ void orStream::run() {
   constexpr auto kIdleRetire = std::chrono::milliseconds(10);
   // Kernels run with the stream's device current, as they would on hardware.
   orSetDevice(dev_->index);
+  // Named for top -H, gdb and perf: "openreg0-dflt" runs device 0's default
+  // stream, "openreg0-strm" one of its other streams.
+  char name[16];
+  std::snprintf(name, sizeof(name), "openreg%d-%s", dev_->index,
+                is_default_ ? "dflt" : "strm");
+  pthread_setname_np(pthread_self(), name);
   for (;;) {
     Slot& slot = ring_[head_ % kCapacity];
     auto published = [&] {

@@ -3,6 +3,7 @@
 // the same capacity and properties; the driver charges allocations in whole
 // 512-byte blocks. A driver for real hardware has its own answers (the
 // contract every driver must meet is in ../contract/).
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -182,6 +183,33 @@ TEST_F(DeviceEnvDeathTest, DeviceCreationFailureIsReportedByInit) {
               "\\[err=orSuccess count=2 init=orErrorInitializationError "
               "prop=orErrorInitializationError total=0 "
               "malloc=orErrorInitializationError\\]");
+}
+
+}  // namespace
+
+namespace {
+
+int ReadThreadName(void* out) {
+  char name[16] = {};
+  pthread_getname_np(pthread_self(), name, sizeof(name));
+  *static_cast<std::string*>(out) = name;
+  return 0;
+}
+
+TEST_F(SimulatedDeviceTest, StreamWorkersAreNamedAfterTheirDeviceAndStream) {
+  std::string name;
+  orStream_t def = nullptr;
+  OR_ASSERT_OK(orDeviceGetDefaultStream(0, &def));
+  OR_ASSERT_OK(orLaunchKernel(def, ReadThreadName, &name));
+  OR_ASSERT_OK(orStreamSynchronize(def));
+  EXPECT_EQ("openreg0-dflt", name);
+
+  orStream_t side = nullptr;
+  OR_ASSERT_OK(orStreamCreate(&side));
+  OR_ASSERT_OK(orLaunchKernel(side, ReadThreadName, &name));
+  OR_ASSERT_OK(orStreamSynchronize(side));
+  EXPECT_EQ("openreg0-strm", name);
+  OR_ASSERT_OK(orStreamDestroy(side));
 }
 
 }  // namespace
