@@ -232,6 +232,39 @@ TEST_F(MemoryTest, MemcpyRoundTripsEveryKind) {
   EXPECT_EQ(src2, host_copy);
 }
 
+// Large copies (a driver may move them differently, e.g. on several
+// engines) at destination and source offsets that are not aligned, of a size
+// that is not a multiple of any vector width: every byte arrives, none
+// around the range is touched.
+TEST_F(MemoryTest, LargeMemcpyAtUnalignedOffsets) {
+  const size_t n = (size_t{9} << 20) + 13;
+  const size_t pad = 64;
+  const auto src = Pattern(n + pad, 5);
+  DeviceBuffer a(n + 2 * pad);
+  DeviceBuffer b(n + 2 * pad);
+  OR_ASSERT_OK(orMemset(a.get(), 0x5a, n + 2 * pad));
+  OR_ASSERT_OK(orMemset(b.get(), 0xa5, n + 2 * pad));
+  // Host (offset 3) to device (offset 7), device to device (offset 7 to 1).
+  OR_ASSERT_OK(
+      orMemcpy(a.bytes() + 7, src.data() + 3, n, orMemcpyHostToDevice));
+  OR_ASSERT_OK(
+      orMemcpy(b.bytes() + 1, a.bytes() + 7, n, orMemcpyDeviceToDevice));
+  std::vector<unsigned char> out(n + 2 * pad, 0);
+  OR_ASSERT_OK(
+      orMemcpy(out.data(), b.get(), n + 2 * pad, orMemcpyDeviceToHost));
+  EXPECT_EQ(0xa5, out[0]);
+  EXPECT_EQ(0, std::memcmp(out.data() + 1, src.data() + 3, n));
+  for (size_t i = n + 1; i < n + 2 * pad; ++i) {
+    ASSERT_EQ(0xa5, out[i]) << "byte " << i << " after the copied range";
+  }
+  // Device to host at an unaligned host offset.
+  std::vector<unsigned char> back(n + 5, 0x11);
+  OR_ASSERT_OK(
+      orMemcpy(back.data() + 5, a.bytes() + 7, n, orMemcpyDeviceToHost));
+  EXPECT_EQ(0x11, back[4]);
+  EXPECT_EQ(0, std::memcmp(back.data() + 5, src.data() + 3, n));
+}
+
 TEST_F(MemoryTest, MemcpyInteriorRanges) {
   const size_t n = 4096;
   const auto src = Pattern(n, 3);
