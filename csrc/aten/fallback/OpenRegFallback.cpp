@@ -24,11 +24,13 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -350,7 +352,8 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
   }
   // A structured functional op whose results are all new single tensors
   // runs its out= variant on them: no host temporary, no copy.
-  bool into_results = traits.out_variant.has_value();
+  bool into_results = traits.out_variant.has_value() &&
+                      (traits.out_variant_pointwise || plan->into_results);
   for (const LaunchPlan::Output& out : plan->outputs) {
     into_results =
         into_results && out.arg < 0 && !out.is_list && out.tensors.size() == 1;
@@ -401,6 +404,83 @@ void sync_mutated(const at::Tensor& dev, const at::Tensor& view,
     impl->_set_neg(view.is_neg());
   }
 }
+
+// [doc:fallback-out-variant-check]
+// The first call of a signature of a structured operator that is not
+// pointwise: after its functional CPU kernel ran (`results`, CPU tensors),
+// runs its out= variant on new outputs of the same metadata and says
+// whether that wrote the same bytes in place, without resizing or
+// reallocating them. Only then are later calls queued through the out=
+// variant, writing device memory directly instead of copying a host
+// temporary into it (mm, addmm, sum, softmax, ...): an out= kernel that
+// uses its out as scratch of another shape (mse_loss.out) fails the check.
+bool out_variant_matches(const OpTraits& traits,
+                         c10::ArrayRef<c10::IValue> originals,
+                         c10::ArrayRef<c10::IValue> results, KernelViews& views,
+                         c10::DeviceIndex device) {
+  if (!traits.out_variant || traits.out_variant_pointwise) {
+    return false;
+  }
+  for (size_t i = 0; i < originals.size(); ++i) {
+    if (traits.writes[i] || traits.generator[i]) {
+      return false;  // nothing to compare against, or a second draw
+    }
+  }
+  std::vector<at::Tensor> expected;
+  for (size_t r = 0; r < results.size(); ++r) {
+    if (traits.return_arg[r] >= 0 || !results[r].isTensor()) {
+      return false;
+    }
+    const at::Tensor& t = results[r].toTensor();
+    if (!t.defined() || !t.device().is_cpu() || t.layout() != c10::kStrided ||
+        !t.is_non_overlapping_and_dense() || t.is_conj() || t.is_neg() ||
+        views.device_storage_of(t) != nullptr) {
+      return false;
+    }
+    expected.push_back(t);
+  }
+  std::vector<at::Tensor> outs;
+  torch::jit::Stack stack;
+  for (const c10::IValue& v : originals) {
+    stack.push_back(map_tensors(v, [&](const at::Tensor& t) {
+      return is_openreg(t) ? views.view(t) : t;
+    }));
+  }
+  for (const at::Tensor& e : expected) {
+    outs.push_back(at::empty_strided(e.sizes(), e.strides(), e.options()));
+    stack.emplace_back(outs.back());
+  }
+  c10::SmallVector<const void*, 4> where;
+  for (const at::Tensor& o : outs) {
+    where.push_back(o.const_data_ptr());
+  }
+  // Its warnings were raised by the functional call already.
+  class Drop : public c10::WarningHandler {
+   public:
+    void process(const c10::Warning&) override {}
+  } drop;
+  bool ok = true;
+  run_sync(device, [&] {
+    const c10::WarningUtils::WarningHandlerGuard guard(&drop);
+    try {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      traits.out_variant->redispatchBoxed(
+          c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+  });
+  for (size_t r = 0; ok && r < outs.size(); ++r) {
+    const at::Tensor& o = outs[r];
+    const at::Tensor& e = expected[r];
+    ok = o.const_data_ptr() == where[r] && o.sizes() == e.sizes() &&
+         o.strides() == e.strides() && o.scalar_type() == e.scalar_type() &&
+         std::memcmp(o.const_data_ptr(), e.const_data_ptr(),
+                     static_cast<size_t>(e.numel()) * e.itemsize()) == 0;
+  }
+  return ok;
+}
+// [/doc:fallback-out-variant-check]
 
 // The synchronous path: the CPU kernel on the calling thread, after the
 // stream drained. Its errors and warnings reach the caller directly.
@@ -466,6 +546,13 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
   recording.reset();
 
   SyncRun run;
+  if (learn) {
+    const size_t num_rets = traits.return_arg.size();
+    run.out_variant_matches = out_variant_matches(
+        traits, originals,
+        c10::ArrayRef<c10::IValue>(*stack).slice(stack->size() - num_rets),
+        views, device.index());
+  }
   for (const Mutated& m : mutated) {
     run.bits_changed = run.bits_changed || m.view.is_conj() != m.conj ||
                        m.view.is_neg() != m.neg;

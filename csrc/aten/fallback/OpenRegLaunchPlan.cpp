@@ -357,6 +357,7 @@ void learn_launch(LaunchDecision decision, const OpTraits& traits,
     plan->outputs.push_back(std::move(out));
   }
   plan->warnings = run.warnings;
+  plan->into_results = run.out_variant_matches;
   plan_cache().insert(
       std::move(decision.key),
       queueable ? std::shared_ptr<const LaunchPlan>(plan) : nullptr);

@@ -65,6 +65,9 @@ struct LaunchPlan {
   // and new results): how much work it can split (launch_async's
   // `elements`).
   int64_t elements = 0;
+  // The operator's out= variant writes the results in place (verified on the
+  // first call for operators that are not pointwise; see OpTraits).
+  bool into_results = false;
 };
 
 // The decision for one call.
@@ -88,6 +91,9 @@ struct SyncRun {
   bool bits_changed = false;   // a conjugate/negative bit of a written arg
   bool returned_view = false;  // a result is a view of an input
   std::vector<int> resized;    // written arguments the kernel resized
+  // The out= variant, run on new outputs of the results' metadata, wrote
+  // the same bytes as the functional kernel, in place.
+  bool out_variant_matches = false;
 };
 
 // After the synchronous run of a kLearn call: `args` are the call's device

@@ -112,17 +112,13 @@ bool is_type(const c10::TypePtr& type, c10::TypeKind kind) {
   return false;
 }
 
-// The out= variant of a structured pointwise functional operator:
-// "<overload>_out" or "out", with the functional arguments followed by one
-// written tensor per result (checked, names and types, so a look-alike is
-// never taken). Pointwise only: their out= kernels write an out of the
-// result's shape and nothing else, where some others use it as scratch of
-// another shape (mse_loss.out resizes it to the unreduced loss first).
+// The out= variant of a structured functional operator: "<overload>_out"
+// or "out", with the functional arguments followed by one written tensor per
+// result (checked, names and types, so a look-alike is never taken).
 std::optional<c10::OperatorHandle> find_out_variant(
     const c10::OperatorHandle& op) {
   const c10::FunctionSchema& schema = op.schema();
-  if (!op.hasTag(at::Tag::pointwise) ||
-      !op.hasKernelForDispatchKey(
+  if (!op.hasKernelForDispatchKey(
           c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
       schema.is_mutable() || schema.returns().empty()) {
     return std::nullopt;
@@ -215,6 +211,7 @@ std::unique_ptr<OpTraits> compute_traits(const c10::OperatorHandle& op) {
     t->return_arg.push_back(arg);
   }
   t->out_variant = find_out_variant(op);
+  t->out_variant_pointwise = t->out_variant && op.hasTag(at::Tag::pointwise);
   t->foreach_loop = is_foreach_loop(op);
   return t;
 }
