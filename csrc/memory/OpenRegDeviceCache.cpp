@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
@@ -76,7 +77,7 @@ void decrease(StatArray& array, const BlockPool& pool, size_t amount) {
 }
 
 bool can_merge(const Block* b) {
-  return b != nullptr && !b->allocated && b->event_count == 0 &&
+  return b != nullptr && !b->allocated && !b->recent && b->event_count == 0 &&
          b->stream_uses.empty();
 }
 
@@ -98,18 +99,25 @@ Block* DeviceCache::malloc(size_t orig_size, c10::StreamId stream,
   process_events();
   const size_t size = round_size(orig_size);
   BlockPool& pool = is_small(size) ? small_ : large_;
-  Block* block = take_free_block(pool, stream, size);
+  Block* block = pool.is_small ? take_recent(stream, size) : nullptr;
   if (block == nullptr) {
-    check_settings();
-    if (gc_enabled()) {
-      garbage_collect();
+    block = take_free_block(pool, stream, size);
+    if (block == nullptr && recent_count_ > 0) {
+      flush_recent();  // merged, they may hold the request
+      block = take_free_block(pool, stream, size);
     }
-    block = new_segment(pool, stream, size, orig_size, may_defer_oom);
     if (block == nullptr) {
-      return nullptr;
+      check_settings();
+      if (gc_enabled()) {
+        garbage_collect();
+      }
+      block = new_segment(pool, stream, size, orig_size, may_defer_oom);
+      if (block == nullptr) {
+        return nullptr;
+      }
     }
+    block = maybe_split(block, size);
   }
-  block = maybe_split(block, size);
   block->allocated = true;
   block->requested = orig_size;
   increase(stats_.allocation, pool, 1);
@@ -135,10 +143,55 @@ void DeviceCache::free(Block* block) {
   block->requested = 0;
   if (!block->stream_uses.empty()) {
     insert_events(block);
+  } else if (block->pool->is_small) {
+    keep_recent(block);
   } else {
     free_block(block);
   }
 }
+
+// [doc:allocator-recent]
+void DeviceCache::keep_recent(Block* block) {
+  decrease(stats_.active, *block->pool, 1);
+  decrease(stats_.active_bytes, *block->pool, block->size);
+  // Marked first: merging the oldest must not take this block in.
+  block->recent = true;
+  if (recent_count_ == kRecentBlocks) {
+    Block* oldest = recent_[0];
+    std::move(recent_.begin() + 1, recent_.end(), recent_.begin());
+    --recent_count_;
+    oldest->recent = false;
+    merge_free(oldest);
+  }
+  recent_[recent_count_++] = block;
+}
+
+Block* DeviceCache::take_recent(c10::StreamId stream, size_t size) {
+  for (size_t i = recent_count_; i-- > 0;) {  // the newest first
+    Block* b = recent_[i];
+    if (b->stream == stream && b->size == size) {
+      std::move(recent_.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                recent_.begin() + static_cast<std::ptrdiff_t>(recent_count_),
+                recent_.begin() + static_cast<std::ptrdiff_t>(i));
+      --recent_count_;
+      b->recent = false;
+      return b;
+    }
+  }
+  return nullptr;
+}
+
+void DeviceCache::flush_recent() {
+  // One at a time: a block still marked recent is not merged into its
+  // neighbour (which would delete it while it is listed here); it takes the
+  // neighbour in when its own turn comes.
+  const size_t count = std::exchange(recent_count_, 0);
+  for (size_t i = 0; i < count; ++i) {
+    recent_[i]->recent = false;
+    merge_free(recent_[i]);
+  }
+}
+// [/doc:allocator-recent]
 
 void DeviceCache::record_stream(Block* block, c10::StreamId stream) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -149,11 +202,13 @@ void DeviceCache::record_stream(Block* block, c10::StreamId stream) {
 
 void DeviceCache::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
+  flush_recent();
   release_cached_blocks();
 }
 
 Stats DeviceCache::stats() {
   std::lock_guard<std::mutex> lock(mutex_);
+  flush_recent();
   // As CUDA reports it: the limit in bytes, -1 when there is none.
   stats_.max_split_size = static_cast<int64_t>(Config::max_split_size());
   return stats_;
@@ -161,6 +216,7 @@ Stats DeviceCache::stats() {
 
 void DeviceCache::reset_accumulated() {
   std::lock_guard<std::mutex> lock(mutex_);
+  flush_recent();
   for_each_stat(stats_, [](Stat& s) { s.reset_accumulated(); });
   for (int64_t Stats::*counter : kCounters) {
     stats_.*counter = 0;
@@ -169,6 +225,7 @@ void DeviceCache::reset_accumulated() {
 
 void DeviceCache::reset_peak() {
   std::lock_guard<std::mutex> lock(mutex_);
+  flush_recent();
   for_each_stat(stats_, [](Stat& s) { s.reset_peak(); });
 }
 
@@ -187,6 +244,7 @@ bool DeviceCache::find(const void* p, const char** begin, size_t* size,
                        bool* allocated) {
   const auto* c = static_cast<const char*>(p);
   std::lock_guard<std::mutex> lock(mutex_);
+  flush_recent();
   for (Block* head : segments_) {
     for (Block* b = head; b != nullptr; b = b->next) {
       if (c >= b->ptr && c < b->ptr + b->size) {
@@ -202,6 +260,7 @@ bool DeviceCache::find(const void* p, const char** begin, size_t* size,
 
 std::vector<c10::CachingDeviceAllocator::SegmentInfo> DeviceCache::snapshot() {
   std::lock_guard<std::mutex> lock(mutex_);
+  flush_recent();
   std::vector<c10::CachingDeviceAllocator::SegmentInfo> out;
   for (Block* head : segments_) {
     c10::CachingDeviceAllocator::SegmentInfo seg;
@@ -514,6 +573,12 @@ void DeviceCache::synchronize_and_free_events() {
 void DeviceCache::free_block(Block* block) {
   decrease(stats_.active, *block->pool, 1);
   decrease(stats_.active_bytes, *block->pool, block->size);
+  merge_free(block);
+}
+
+// Merges a free, inactive block with its free neighbours and returns it to
+// its pool.
+void DeviceCache::merge_free(Block* block) {
   if (can_merge(block->prev)) {
     Block* prev = block->prev;
     pool_erase(prev);

@@ -8,6 +8,16 @@
 // OpenRegAllocatorPolicy.h; a freed block merges with free neighbours of its
 // segment.
 //
+// Recently freed small blocks: a program allocates and frees the same small
+// sizes over and over (every op's result), and merging a freed block into
+// its neighbours only to split the same block off again for the next request
+// is most of an allocation's cost. So the last kRecentBlocks freed small
+// blocks wait unmerged, outside the pools, and a request of exactly their
+// size on their stream takes one back. Everything that looks at the pools or
+// reports on them (statistics, snapshots, garbage collection, a new segment,
+// empty_cache) merges them first, so what a user observes is what it would
+// be without them.
+//
 // Streams: a block belongs to the stream it was allocated on and is reused on
 // that stream at once (stream order makes that safe). If it was also used on
 // other streams (Tensor.record_stream), freeing it records an event on each
@@ -27,6 +37,7 @@
 #include <c10/util/flat_hash_map.h>
 #include <openreg.h>
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -48,6 +59,7 @@ struct Block {
   BlockPool* pool;
   char* ptr;
   bool allocated = false;
+  bool recent = false;    // freed, waiting unmerged in DeviceCache::recent_
   Block* prev = nullptr;  // neighbours inside the same segment
   Block* next = nullptr;
   int event_count = 0;  // outstanding events before the block is free
@@ -126,6 +138,10 @@ class DeviceCache {
   void process_events();
   void synchronize_and_free_events();
   void free_block(Block* block);
+  void merge_free(Block* block);
+  void keep_recent(Block* block);
+  Block* take_recent(c10::StreamId stream, size_t size);
+  void flush_recent();
   void release_block(Block* block);
   void release_cached_blocks();
 
@@ -136,6 +152,9 @@ class DeviceCache {
   BlockPool large_{false};
   std::set<Block*> segments_;  // first block of every segment
   std::deque<std::pair<orEvent_t, Block*>> events_;  // pending frees, in order
+  static constexpr size_t kRecentBlocks = 16;
+  std::array<Block*, kRecentBlocks> recent_{};  // oldest first
+  size_t recent_count_ = 0;
   double fraction_ = 1.0;
   bool fraction_set_ = false;  // set_fraction was called (enables the GC)
   size_t capacity_ = 0;
