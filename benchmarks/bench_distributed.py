@@ -169,7 +169,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     steps = 6 if args.quick else 20
-    rounds = args.rounds or (1 if args.quick else 3)
+    rounds = args.rounds or (1 if args.quick else 5)
     per_side = {"cpu": [], "openreg": [], "cpu pinned": [], "openreg pinned": []}
     for _ in range(rounds):
         for side in ("cpu", "openreg"):
