@@ -223,6 +223,28 @@ def test_recently_freed_small_blocks_come_back_for_the_same_size_and_stream():
     assert torch.openreg.memory_reserved() == 0
 
 
+def test_kernel_workspace_host_memory_is_reused_and_released():
+    # The CPU kernels that run as device kernels take their large temporaries
+    # (convolution's output, oneDNN's scratchpad) from a host block cache, so
+    # they do not page-fault them in again on every call; CPU work on the
+    # host keeps the CPU's own allocator, raw interface included (oneDNN on
+    # the CPU allocates through it).
+    from torch_openreg import _C
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1, 16, 40, 40, generator=g), torch.randn(16, 16, 3, 3, generator=g)
+    expected = torch.nn.functional.conv2d(x, w, padding=1)
+    dx, dw = x.to(DEV), w.to(DEV)
+    outs = [torch.nn.functional.conv2d(dx, dw, padding=1) for _ in range(3)]
+    torch.openreg.synchronize()
+    assert _C._kernel_scratch_cached_bytes() > 0
+    for out in outs:
+        torch.testing.assert_close(out.cpu(), expected)
+    torch.testing.assert_close(torch.nn.functional.conv2d(x, w, padding=1), expected)
+    torch.openreg.empty_cache()
+    assert _C._kernel_scratch_cached_bytes() == 0
+
+
 def test_random_allocate_free_cycles_do_not_grow():
     rng = random.Random(0)
     live = []

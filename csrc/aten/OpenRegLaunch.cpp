@@ -33,6 +33,7 @@
 #include "core/OpenRegException.h"
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
+#include "memory/OpenRegKernelScratch.h"
 #include "profiler/OpenRegProfiler.h"
 
 namespace openreg {
@@ -228,6 +229,7 @@ int run_task(void* data) {
   int status = 1;
   {
     const OnWorker on_worker;
+    const KernelScratchScope scratch;
     const WorkerThreads threads(task->elements);
     DeferWarnings defer(task->stream);
     const c10::WarningUtils::WarningHandlerGuard guard(&defer);
@@ -257,6 +259,7 @@ struct SyncCall {
 int run_sync_call(void* data) {
   auto* call = static_cast<SyncCall*>(data);
   const OnWorker on_worker;
+  const KernelScratchScope scratch;
   const at::ThreadLocalStateGuard state(call->state);
   const c10::WarningUtils::WarningHandlerGuard warnings(call->warnings);
   try {

@@ -21,6 +21,7 @@
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegDeviceCache.h"
 #include "memory/OpenRegIpc.h"
+#include "memory/OpenRegKernelScratch.h"
 #include "memory/OpenRegMemcpy.h"
 
 namespace openreg {
@@ -101,6 +102,7 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
     for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
       cache(d).empty_cache();
     }
+    release_kernel_scratch();  // the device kernels' host workspace
   }
 
   // [doc:allocator-record-stream]

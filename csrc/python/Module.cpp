@@ -21,6 +21,7 @@
 #include "inductor/OpenRegInductorPython.h"
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegIpc.h"
+#include "memory/OpenRegKernelScratch.h"
 #include "random/OpenRegGenerator.h"
 #include "serialization/OpenRegBackendMeta.h"
 
@@ -312,6 +313,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_memory_fraction", &get_memory_fraction, py::arg("device"));
   m.def("_memory_snapshot", &snapshot_to_python);
   m.def("_host_memory_stats", &host_stats);
+  m.def("_kernel_scratch_cached_bytes", &kernel_scratch_cached_bytes,
+        "Host bytes the device kernels' workspace cache holds for reuse "
+        "(SIMULATOR ONLY; torch.openreg.empty_cache() frees them).");
   m.def("_host_empty_cache", [] { host_allocator()->empty_cache(); });
   m.def("_host_reset_peak_stats", [] { host_allocator()->reset_peak_stats(); });
   m.def("_host_reset_accumulated_stats",

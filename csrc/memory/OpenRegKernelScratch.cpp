@@ -1,0 +1,172 @@
+// SIMULATOR ONLY: the host block cache of KernelScratchScope (see the
+// header), installed as the process's CPU allocator in front of the one that
+// was there, to which it passes everything that is not a kernel's large
+// temporary.
+#include "memory/OpenRegKernelScratch.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
+#include <c10/util/flat_hash_map.h>
+#include <pthread.h>
+
+#include <cstring>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace openreg {
+
+namespace {
+
+thread_local bool t_scratch = false;
+
+// Smaller temporaries are cheap for the C library (no mmap).
+constexpr size_t kMinBytes = size_t{64} << 10;
+// What the cache may keep beyond the blocks in use.
+constexpr size_t kMaxCachedBytes = size_t{256} << 20;
+
+// [doc:kernel-scratch]
+class ScratchAllocator final : public c10::Allocator {
+ public:
+  explicit ScratchAllocator(c10::Allocator* fallback) : fallback_(fallback) {}
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    if (!t_scratch || nbytes < kMinBytes) {
+      return fallback_->allocate(nbytes);
+    }
+    void* p = take(nbytes);
+    // Data and context are the same address, as raw_allocate requires
+    // (oneDNN takes its scratchpad through raw_allocate).
+    return {p, p, &free_block, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  // Frees blocks of this cache and of the allocator before it alike.
+  c10::DeleterFnPtr raw_deleter() const override { return &raw_free; }
+
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+
+  void release() noexcept {
+    std::vector<void*> blocks;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& [size, list] : free_) {
+        blocks.insert(blocks.end(), list.begin(), list.end());
+      }
+      free_.clear();
+      cached_ = 0;
+    }
+    for (void* p : blocks) {
+      c10::free_cpu(p);
+    }
+  }
+
+  size_t cached_bytes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cached_;
+  }
+
+  // A forked child inherits the mutex as it was: the fork holds it.
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork() { mutex_.unlock(); }
+
+  static ScratchAllocator* instance;
+
+ private:
+  void* take(size_t nbytes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = free_.find(nbytes);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        cached_ -= nbytes;
+        live_.emplace(p, nbytes);
+        return p;
+      }
+    }
+    void* p = c10::alloc_cpu(nbytes);  // raises on out of memory
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_.emplace(p, nbytes);
+    return p;
+  }
+
+  // Takes p back if it is a block of this cache.
+  bool give(void* p) noexcept {
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto it = live_.find(p);
+    if (it == live_.end()) {
+      return false;
+    }
+    const size_t nbytes = it->second;
+    live_.erase(it);
+    if (cached_ + nbytes <= kMaxCachedBytes) {
+      free_[nbytes].push_back(p);
+      cached_ += nbytes;
+      return true;
+    }
+    lock.unlock();
+    c10::free_cpu(p);
+    return true;
+  }
+
+  static void free_block(void* p) {
+    if (!instance->give(p)) {
+      // Deleters must not throw.
+      TORCH_WARN("openreg kernel scratch: freeing unknown block ", p);
+    }
+  }
+
+  static void raw_free(void* p) {
+    if (p != nullptr && !instance->give(p)) {
+      instance->fallback_->raw_deleter()(p);
+    }
+  }
+
+  c10::Allocator* fallback_;
+  std::mutex mutex_;                        // guards the members below
+  ska::flat_hash_map<void*, size_t> live_;  // blocks in use, by address
+  ska::flat_hash_map<size_t, std::vector<void*>> free_;  // reusable, by size
+  size_t cached_ = 0;                                    // bytes in free_
+};
+// [/doc:kernel-scratch]
+
+ScratchAllocator* ScratchAllocator::instance = nullptr;
+
+// Installed when the extension loads, in front of the CPU allocator then in
+// place (whose raw interface it must be able to fall back on).
+const bool g_installed = [] {
+  c10::Allocator* previous = c10::GetCPUAllocator();
+  if (previous == nullptr || previous->raw_deleter() == nullptr) {
+    return false;  // nothing to pass the other allocations to
+  }
+  ScratchAllocator::instance = new ScratchAllocator(previous);  // never freed
+  c10::SetCPUAllocator(ScratchAllocator::instance, /*priority=*/0);
+  pthread_atfork([] { ScratchAllocator::instance->lock_for_fork(); },
+                 [] { ScratchAllocator::instance->unlock_after_fork(); },
+                 [] { ScratchAllocator::instance->unlock_after_fork(); });
+  return true;
+}();
+
+}  // namespace
+
+KernelScratchScope::KernelScratchScope() : previous_(t_scratch) {
+  t_scratch =
+      g_installed && c10::GetCPUAllocator() == ScratchAllocator::instance;
+}
+
+KernelScratchScope::~KernelScratchScope() { t_scratch = previous_; }
+
+void release_kernel_scratch() noexcept {
+  if (g_installed) {
+    ScratchAllocator::instance->release();
+  }
+}
+
+size_t kernel_scratch_cached_bytes() {
+  return g_installed ? ScratchAllocator::instance->cached_bytes() : 0;
+}
+
+}  // namespace openreg
