@@ -455,6 +455,23 @@ def test_fused_dropout_values(dtype):
     assert torch.equal(back.cpu(), grad * expected * (1 / 0.7))
 
 
+def test_fused_dropout_split_over_threads():
+    # 3 * 16384 + 7 elements: the kernel and its backward split into chunks
+    # of at least 16384 elements (the last one ragged) over the worker's
+    # OpenMP team; the mask is the same stream whatever the split.
+    n = 3 * 16384 + 7
+    torch.openreg.manual_seed(77)
+    offset = torch.openreg.default_generators[0].get_offset()
+    x = torch.randn(n)
+    out, mask = torch.native_dropout(x.to(D), 0.25, True)
+    back = torch.ops.aten.native_dropout_backward(out, mask, 1 / 0.75)
+    expected = _expected_mask(77, offset, n, 0.75)
+    assert torch.equal(mask.cpu(), expected)
+    ref = x * expected * (1 / 0.75)
+    assert torch.equal(out.cpu(), ref)
+    assert torch.equal(back.cpu(), ref * expected * (1 / 0.75))
+
+
 def test_fused_dropout_layouts_and_autograd():
     torch.openreg.manual_seed(5)
     base = torch.randn(64, 48)

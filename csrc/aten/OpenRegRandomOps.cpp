@@ -3,7 +3,6 @@
 // torch.openreg.manual_seed governs them.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/ones_like.h>
@@ -14,6 +13,7 @@
 
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
+#include "aten/OpenRegParallel.h"
 #include "random/OpenRegGenerator.h"
 #include "random/OpenRegPhilox.h"
 
@@ -44,7 +44,7 @@ void dropout_kernel(const scalar_t* in, scalar_t* out, bool* mask, int64_t n,
   const auto s = static_cast<opmath_t>(scale);
   const Philox4x32 philox(draw);
   constexpr int64_t kGrainBlocks = 4096;  // 16384 elements
-  at::parallel_for(0, (n + 3) / 4, kGrainBlocks, [&](int64_t b, int64_t e) {
+  parallel_chunks(0, (n + 3) / 4, kGrainBlocks, [&](int64_t b, int64_t e) {
     for (int64_t block = b; block < e; ++block) {
       const Philox4x32::Block r = philox.block(static_cast<uint64_t>(block));
       const int64_t first = block * 4;
@@ -142,7 +142,7 @@ at::Tensor native_dropout_backward(const at::Tensor& grad,
               const bool* mp = bits.const_data_ptr<bool>();
               scalar_t* op = dst.mutable_data_ptr<scalar_t>();
               const auto s = static_cast<opmath_t>(scale);
-              at::parallel_for(0, n, 16384, [&](int64_t b, int64_t e) {
+              parallel_chunks(0, n, 16384, [&](int64_t b, int64_t e) {
                 for (int64_t i = b; i < e; ++i) {
                   op[i] =
                       static_cast<scalar_t>(static_cast<opmath_t>(gp[i]) *
