@@ -15,8 +15,8 @@ two threads compete for the cores). A process warms the case up, then times
 orchestrator runs ``rounds`` (5) such processes per device, alternating
 which device goes first, and reports the ratio of the medians (the goal's
 basis), the range of the per-round ratios and the ratio of the fastest
-process of each side ("best": external noise only adds time). ``--busy`` adds a table measured while two other
-processes spin, one per core.
+process of each side ("best": external noise only adds time). ``--busy``
+adds a table measured while two other processes spin, one per core.
 
 Usage: python benchmarks/bench.py [--quick] [--no-busy] [--out DIR]
 Writes DIR/bench.json and DIR/bench.png (DIR defaults to benchmarks/results).

@@ -54,7 +54,8 @@ def _worker(rank, side, init, steps, pinned, results):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    dist.init_process_group("cpu:gloo,openreg:orccl", init_method=init, rank=rank, world_size=WORLD)
+    # No backend: Gloo for CPU tensors, orccl for openreg ones (the default).
+    dist.init_process_group(init_method=init, rank=rank, world_size=WORLD)
     device = torch.device("openreg", rank) if side == "openreg" else torch.device("cpu")
     torch.manual_seed(0)
     model = torch.nn.Sequential(
