@@ -458,10 +458,14 @@ def test_fused_dropout_values(dtype):
 def test_fused_dropout_split_over_threads():
     # 3 * 16384 + 7 elements: the kernel and its backward split into chunks
     # of at least 16384 elements (the last one ragged) over the worker's
-    # OpenMP team; the mask is the same stream whatever the split.
+    # OpenMP team; the mask is the same stream whatever the split. The
+    # numbers are computed 32 blocks at a time (a chunk can start inside a
+    # batch), with an offset whose high word is not zero.
     n = 3 * 16384 + 7
     torch.openreg.manual_seed(77)
-    offset = torch.openreg.default_generators[0].get_offset()
+    gen = torch.openreg.default_generators[0]
+    gen.set_offset(2**33 + 5)
+    offset = gen.get_offset()
     x = torch.randn(n)
     out, mask = torch.native_dropout(x.to(D), 0.25, True)
     back = torch.ops.aten.native_dropout_backward(out, mask, 1 / 0.75)

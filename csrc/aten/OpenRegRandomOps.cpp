@@ -45,10 +45,13 @@ void dropout_kernel(const scalar_t* in, scalar_t* out, bool* mask, int64_t n,
   const Philox4x32 philox(draw);
   constexpr int64_t kGrainBlocks = 4096;  // 16384 elements
   parallel_chunks(0, (n + 3) / 4, kGrainBlocks, [&](int64_t b, int64_t e) {
-    for (int64_t block = b; block < e; ++block) {
-      const Philox4x32::Block r = philox.block(static_cast<uint64_t>(block));
+    const int64_t last = std::min(n, e * 4);  // this chunk's elements end
+    uint32_t r[4 * Philox4x32::kBatch];
+    for (int64_t block = b; block < e; block += Philox4x32::kBatch) {
+      philox.batch(static_cast<uint64_t>(block), r);
       const int64_t first = block * 4;
-      const int64_t count = std::min<int64_t>(4, n - first);
+      const int64_t count =
+          std::min<int64_t>(4 * Philox4x32::kBatch, last - first);
       for (int64_t j = 0; j < count; ++j) {
         const bool keep = (r[j] >> 8) < threshold;
         const int64_t i = first + j;
