@@ -104,6 +104,14 @@ at::Tensor convolution_overrideable(
           if (b.has_value()) {
             bv = views.view(*b);
           }
+          // The CPU result is copied into the device result. No CPU
+          // convolution writes into a tensor it is given: convolution.out,
+          // _convolution.out and mkldnn_convolution.out compute into a
+          // temporary and copy too (CompositeExplicitAutograd), and
+          // _slow_conv2d_forward.output, the only one that writes in place,
+          // is the slow im2col path. The temporary comes from the kernel
+          // workspace cache (memory/OpenRegKernelScratch.h), so the copy
+          // costs no page faults.
           at::Tensor r = at::convolution(views.view(in), views.view(w), bv, s,
                                          p, d, transposed, op, groups);
           views.view(res).copy_(r);
