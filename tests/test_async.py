@@ -195,3 +195,32 @@ def test_resize_on_a_side_stream_keeps_pending_writes():
         got = grown.clone()
     torch.openreg.synchronize()
     assert torch.equal(got.cpu(), torch.full((n,), 2.0))
+
+
+@pytest.mark.parametrize("blocking", ["0", "1"])
+def test_set_num_threads_limits_the_device_kernels(py, blocking):
+    # torch.set_num_threads caps the OpenMP team a kernel gets on the stream
+    # worker, as it caps the CPU kernels of the calling thread. An OpenMP
+    # team thread takes its creator's name, so while the worker is busy the
+    # process has one "openreg0-dflt" thread, not two.
+    out = py(
+        """
+        import os, torch
+        torch.set_num_threads(1)
+        def workers():
+            names = [open(f"/proc/self/task/{t}/comm").read().strip()
+                     for t in os.listdir("/proc/self/task")]
+            return names.count("openreg0-dflt")
+        x = torch.randn(1024, 1024).to("openreg")
+        for _ in range(20):
+            y = x @ x
+        busy = workers()  # the matmuls are still running (or blocking mode)
+        torch.openreg.synchronize()
+        ok = torch.allclose(y.cpu(), x.cpu() @ x.cpu(), rtol=1e-4, atol=1e-3)
+        print(busy, ok)
+        """,
+        OPENREG_LAUNCH_BLOCKING=blocking,
+    )
+    assert out.returncode == 0, out.stderr
+    busy, ok = out.stdout.split()
+    assert int(busy) <= 1 and ok == "True"

@@ -55,6 +55,7 @@ struct KernelTask {
   std::string op;
   orStream_t stream = nullptr;
   int64_t elements = -1;
+  int threads = 0;  // the launching thread's intra-op threads (0: unknown)
   KernelTask* next = nullptr;  // in the finished list or a free list
 };
 
@@ -136,9 +137,12 @@ TaskPool& task_pool() {
 // not fill two threads anyway (ATen's parallel_for does not split below
 // GRAIN_SIZE elements), run on the worker alone.
 //
-// Larger kernels get the process's intra-op threads, less one for each
-// thread that other programs keep runnable beyond what openreg itself may
-// have running (the worker, its team, the host): on a machine whose cores
+// Larger kernels get the intra-op threads of the thread that launched them
+// (at::get_num_threads() there, read at the launch: torch.set_num_threads
+// limits the device's kernels as it limits CPU ones; the worker's own
+// OpenMP setting would ignore it), less one for each thread that other
+// programs keep runnable beyond what openreg itself may have running (the
+// worker, its team, the host): on a machine whose cores
 // are all taken, a team waits at every barrier for a member the scheduler
 // has preempted, and runs slower than the worker alone (an MLP step with
 // two spinning processes beside it: 7.8 ms with teams, 2.7 ms without).
@@ -150,11 +154,13 @@ TaskPool& task_pool() {
 // on the worker twice as slow (conv2d 64 ch 56x56: 0.61 -> 1.29 ms).
 class WorkerThreads {
  public:
-  explicit WorkerThreads(int64_t elements) {
+  WorkerThreads(int64_t elements, int launcher_threads) {
     const int max = omp_get_max_threads();
+    const int limit =
+        launcher_threads > 0 ? std::min(max, launcher_threads) : max;
     const int want = elements >= 0 && elements < at::internal::GRAIN_SIZE
                          ? 1
-                         : threads_left_by_others(max);
+                         : threads_left_by_others(limit);
     if (want < max) {
       previous_ = max;
       omp_set_num_threads(want);
@@ -194,17 +200,18 @@ class WorkerThreads {
   static int threads_left_by_others(int max) {
     using Clock = std::chrono::steady_clock;
     thread_local Clock::time_point checked;
-    thread_local int threads = 0;
+    thread_local int others = -1;
+    thread_local int team = 0;  // the count this worker last gave
     const Clock::time_point now = Clock::now();
-    if (threads == 0 || now - checked > std::chrono::milliseconds(1)) {
+    if (others < 0 || now - checked > std::chrono::milliseconds(1)) {
       checked = now;
       const int runnable = runnable_threads();
       // Ours at most: this worker, the team it last had, the host thread.
-      const int ours = (threads > 0 ? threads : max) + 1;
-      const int others = runnable < 0 ? 0 : std::max(0, runnable - ours);
-      threads = std::max(1, max - others);
+      const int ours = (team > 0 ? team : max) + 1;
+      others = runnable < 0 ? 0 : std::max(0, runnable - ours);
     }
-    return std::min(threads, max);
+    team = std::max(1, max - others);
+    return team;
   }
 
   int previous_ = 0;
@@ -230,7 +237,7 @@ int run_task(void* data) {
   {
     const OnWorker on_worker;
     const KernelScratchScope scratch;
-    const WorkerThreads threads(task->elements);
+    const WorkerThreads threads(task->elements, task->threads);
     DeferWarnings defer(task->stream);
     const c10::WarningUtils::WarningHandlerGuard guard(&defer);
     try {
@@ -251,6 +258,7 @@ int run_task(void* data) {
 // that thread.
 struct SyncCall {
   c10::function_ref<void()> kernel;
+  int threads;  // the launching thread's intra-op threads
   at::ThreadLocalState state;
   c10::WarningHandler* warnings;
   std::exception_ptr error;
@@ -260,6 +268,7 @@ int run_sync_call(void* data) {
   auto* call = static_cast<SyncCall*>(data);
   const OnWorker on_worker;
   const KernelScratchScope scratch;
+  const WorkerThreads threads(-1, call->threads);
   const at::ThreadLocalStateGuard state(call->state);
   const c10::WarningUtils::WarningHandlerGuard warnings(call->warnings);
   try {
@@ -283,7 +292,7 @@ void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel) {
   OpenRegStream stream = getCurrentStream(device);
   stream.synchronize();
   const profiler::InlineKernel trace(device);
-  SyncCall call{kernel, at::ThreadLocalState(),
+  SyncCall call{kernel, at::get_num_threads(), at::ThreadLocalState(),
                 c10::WarningUtils::get_warning_handler(), nullptr};
   OPENREG_CHECK(orLaunchKernel(stream.native(), &run_sync_call, &call));
   stream.synchronize();
@@ -316,6 +325,7 @@ void launch_async(c10::DeviceIndex device, const std::string& op,
   task->op.assign(op);  // reuses the pooled task's buffer
   task->stream = stream.native();
   task->elements = elements;
+  task->threads = at::get_num_threads();
   orError_t err = orLaunchKernel(task->stream, &run_task, task);
   if (err != orSuccess) {
     task->kernel = nullptr;
