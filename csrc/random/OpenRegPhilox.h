@@ -35,13 +35,8 @@ class Philox4x32 {
   Block block(uint64_t index) const {
     Block c{static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
             offset_[0], offset_[1]};
-    uint32_t k0 = key_[0];
-    uint32_t k1 = key_[1];
-    for (int round = 0; round < 10; ++round) {
-      if (round > 0) {
-        k0 += kWeyl0;
-        k1 += kWeyl1;
-      }
+    for (int round = 0; round < kRounds; ++round) {
+      const auto [k0, k1] = round_key(round);
       const uint64_t p0 = static_cast<uint64_t>(kMul0) * c[0];
       const uint64_t p1 = static_cast<uint64_t>(kMul1) * c[2];
       c = {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k0,
@@ -72,13 +67,8 @@ class Philox4x32 {
     }
     const __m128i mul0 = _mm_set1_epi32(static_cast<int>(kMul0));
     const __m128i mul1 = _mm_set1_epi32(static_cast<int>(kMul1));
-    uint32_t k0 = key_[0];
-    uint32_t k1 = key_[1];
-    for (int round = 0; round < 10; ++round) {
-      if (round > 0) {
-        k0 += kWeyl0;
-        k1 += kWeyl1;
-      }
+    for (int round = 0; round < kRounds; ++round) {
+      const auto [k0, k1] = round_key(round);
       const __m128i key0 = _mm_set1_epi32(static_cast<int>(k0));
       const __m128i key1 = _mm_set1_epi32(static_cast<int>(k1));
       for (int v = 0; v < kVectors; ++v) {
@@ -115,6 +105,13 @@ class Philox4x32 {
   }
 
  private:
+  static constexpr int kRounds = 10;
+  // The key of round r: the seed's two words, each bumped r times by its
+  // Weyl constant (modulo 2^32).
+  std::array<uint32_t, 2> round_key(int round) const {
+    const auto r = static_cast<uint32_t>(round);
+    return {key_[0] + r * kWeyl0, key_[1] + r * kWeyl1};
+  }
 #if defined(__SSE2__)
   static int low(uint64_t x) {
     return static_cast<int>(static_cast<uint32_t>(x));
