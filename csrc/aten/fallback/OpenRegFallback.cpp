@@ -6,9 +6,9 @@
 //     argument) and rejects mixed devices the way CUDA does;
 //  2. asks the launch plan (OpenRegLaunchPlan.h) whether the call can be
 //     queued: the host knows its results' metadata, its errors and warnings;
-//  3. queued: replays the warnings, resizes out= arguments and allocates
-//     results on the host, captures the arguments (OpenRegCapture.h) and
-//     launches the CPU kernel on the current stream;
+//  3. queued (OpenRegQueuedCall.h): replays the warnings, resizes out=
+//     arguments and allocates results on the host, captures the arguments
+//     (OpenRegCapture.h) and launches the CPU kernel on the current stream;
 //  4. otherwise runs the CPU kernel on the calling thread after the stream
 //     drained, and maps results back: in-place and out= results are the
 //     original device arguments (resized if the kernel resized them), views
@@ -19,7 +19,6 @@
 // mapping, the registration. SIMULATOR ONLY: running the CPU kernel on
 // kernel views (OpenRegKernelView.h); a real device runs its own kernels, or
 // copies to the host and back.
-#include <ATen/EmptyTensor.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -39,13 +38,11 @@
 
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
-#include "aten/OpenRegResize.h"
-#include "aten/fallback/OpenRegCapture.h"
 #include "aten/fallback/OpenRegFallbackLog.h"
 #include "aten/fallback/OpenRegIValue.h"
 #include "aten/fallback/OpenRegLaunchPlan.h"
 #include "aten/fallback/OpenRegOpTraits.h"
-#include "memory/OpenRegAllocator.h"
+#include "aten/fallback/OpenRegQueuedCall.h"
 #include "memory/OpenRegMemcpy.h"
 #include "random/OpenRegGenerator.h"
 
@@ -134,240 +131,6 @@ class ForwardingRecorder : public c10::WarningHandler {
  private:
   c10::WarningHandler* next_;
 };
-
-// Drops the warnings the host already raised at the call and passes the
-// others on (to the stream's handler, which defers them to the next
-// synchronization).
-class DropRaisedWarnings : public c10::WarningHandler {
- public:
-  explicit DropRaisedWarnings(const std::vector<c10::Warning>& raised)
-      : raised_(raised), next_(c10::WarningUtils::get_warning_handler()) {}
-  void process(const c10::Warning& warning) override {
-    for (const c10::Warning& w : raised_) {
-      if (w.msg() == warning.msg()) {
-        return;
-      }
-    }
-    next_->process(warning);
-  }
-
- private:
-  const std::vector<c10::Warning>& raised_;
-  c10::WarningHandler* next_;
-};
-
-// [doc:fallback-queued]
-// kScalarMustFitSelf: the conversion the CPU kernel makes, with its error.
-void check_scalars_fit_self(c10::ArrayRef<c10::IValue> args) {
-  const c10::ScalarType dtype = args[0].toTensor().scalar_type();
-  for (const c10::IValue& v : args) {
-    if (!v.isScalar()) {
-      continue;
-    }
-    const c10::Scalar s = v.toScalar();
-    switch (dtype) {
-#define OPENREG_CHECK_FITS(T, name) \
-  case c10::ScalarType::name:       \
-    (void)s.to<T>();                \
-    break;
-      AT_FORALL_SCALAR_TYPES_WITH_COMPLEX(OPENREG_CHECK_FITS)
-#undef OPENREG_CHECK_FITS
-      default:
-        break;
-    }
-  }
-}
-
-// What a queued call keeps until its kernel has run. Pooled per host thread
-// (the closure returns it when the host destroys it, see "task-reclaim" in
-// OpenRegLaunch.cpp), so a warm launch allocates nothing for it.
-struct QueuedCall {
-  std::optional<c10::OperatorHandle> op;
-  const OpTraits* traits = nullptr;
-  std::shared_ptr<const LaunchPlan> plan;
-  bool into_results = false;
-  CapturedArgs args;
-  // The new results, and where each goes among the operator's returns
-  // (return index, list index or -1).
-  c10::SmallVector<DeviceTensorRef, 2> results;
-  c10::SmallVector<std::pair<size_t, int>, 2> result_slots;
-  // Random ops: the argument whose generator the kernel makes from a draw.
-  c10::SmallVector<std::pair<size_t, RandomDraw>, 1> draws;
-
-  void clear() {
-    op.reset();
-    plan.reset();
-    args.clear();
-    results.clear();
-    result_slots.clear();
-    draws.clear();
-  }
-};
-
-class QueuedCallPool {
- public:
-  QueuedCallPool() = default;
-  QueuedCallPool(const QueuedCallPool&) = delete;
-  QueuedCallPool& operator=(const QueuedCallPool&) = delete;
-  ~QueuedCallPool() {
-    for (QueuedCall* c : free_) {
-      delete c;
-    }
-  }
-  QueuedCall* take() {
-    if (free_.empty()) {
-      return new QueuedCall;
-    }
-    QueuedCall* c = free_.back();
-    free_.pop_back();
-    return c;
-  }
-  void give(QueuedCall* c) noexcept {
-    c->clear();
-    if (free_.size() >= kMaxFree) {
-      delete c;
-      return;
-    }
-    free_.push_back(c);  // reserved: does not allocate
-  }
-  static QueuedCallPool& mine() {
-    thread_local QueuedCallPool pool;
-    return pool;
-  }
-
- private:
-  static constexpr size_t kMaxFree = 256;
-  std::vector<QueuedCall*> free_ = reserved();
-  static std::vector<QueuedCall*> reserved() {
-    std::vector<QueuedCall*> v;
-    v.reserve(kMaxFree);
-    return v;
-  }
-};
-
-struct ReturnToPool {
-  void operator()(QueuedCall* c) const noexcept {
-    QueuedCallPool::mine().give(c);
-  }
-};
-using PooledCall = std::unique_ptr<QueuedCall, ReturnToPool>;
-
-// The kernel of a queued call, on the stream's worker.
-void run_queued_kernel(QueuedCall& call) {
-  for (const auto& [i, draw] : call.draws) {
-    call.args.args[i] = kernel_generator(draw);
-  }
-  DropRaisedWarnings drop(call.plan->warnings);
-  const c10::WarningUtils::WarningHandlerGuard guard(&drop);
-  KernelViews views;
-  if (call.into_results) {
-    run_cpu_kernel_into(*call.traits, call.args, call.results, views);
-    return;
-  }
-  torch::jit::Stack out =
-      run_cpu_kernel(*call.op, *call.traits, call.args, views);
-  for (size_t k = 0; k < call.results.size(); ++k) {
-    const auto& [ret, index] = call.result_slots[k];
-    const DeviceTensorRef& dst = call.results[k];
-    const c10::IValue& v = out[ret];
-    at::Tensor result = index < 0 ? v.toTensor() : v.toTensorList()[index];
-    TORCH_CHECK(result.defined() &&
-                    result.sizes() == c10::IntArrayRef(dst.sizes) &&
-                    result.dtype() == dst.dtype,
-                "the CPU kernel's result differs from the plan's ",
-                c10::IntArrayRef(dst.sizes), " ", dst.dtype);
-    views.view(dst).copy_(result);
-  }
-}
-
-// A call whose signature is known: everything the host must do happens
-// here, at the call; only the CPU kernel is queued.
-void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
-                const std::shared_ptr<const LaunchPlan>& plan,
-                torch::jit::Stack* stack, c10::Device device) {
-  const size_t num_args = traits.writes.size();
-  const size_t first = stack->size() - num_args;
-  if ((traits.policy & kScalarMustFitSelf) != 0) {
-    check_scalars_fit_self(
-        c10::ArrayRef<c10::IValue>(*stack).slice(first, num_args));
-  }
-  for (const c10::Warning& w : plan->warnings) {
-    c10::warn(w);
-  }
-  // out= arguments take their final shape now, as the CPU kernel would
-  // resize them.
-  for (const auto& [i, spec] : plan->written) {
-    const at::Tensor& t = (*stack)[first + static_cast<size_t>(i)].toTensor();
-    if (t.sizes() != c10::IntArrayRef(spec.sizes) ||
-        t.strides() != c10::IntArrayRef(spec.strides)) {
-      resize_impl(t.unsafeGetTensorImpl(), spec.sizes, spec.strides);
-    }
-  }
-  PooledCall call(QueuedCallPool::mine().take());
-  call->op = op;
-  call->traits = &traits;
-  call->plan = plan;
-  // New results, allocated now from the device allocator (the device guard
-  // is set), as CUDA's kernels allocate theirs: not through the dispatcher.
-  c10::SmallVector<c10::IValue, 4> results;
-  for (size_t r = 0; r < plan->outputs.size(); ++r) {
-    const LaunchPlan::Output& out = plan->outputs[r];
-    auto make = [&](size_t k) {
-      const TensorSpec& s = out.tensors[k];
-      at::Tensor t = at::detail::empty_strided_generic(
-          s.sizes, s.strides, device_allocator(),
-          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), s.dtype);
-      call->results.emplace_back(t);
-      call->result_slots.emplace_back(r,
-                                      out.is_list ? static_cast<int>(k) : -1);
-      return t;
-    };
-    if (out.arg >= 0) {
-      results.push_back((*stack)[first + static_cast<size_t>(out.arg)]);
-    } else if (out.is_list) {
-      c10::List<at::Tensor> list;
-      for (size_t k = 0; k < out.tensors.size(); ++k) {
-        list.push_back(make(k));
-      }
-      results.emplace_back(std::move(list));
-    } else if (out.tensors.empty()) {
-      results.emplace_back(at::Tensor());
-    } else {
-      results.emplace_back(make(0));
-    }
-  }
-  capture_arguments(*stack, traits, call->args);
-  // Random ops reserve their draw now, in program order; the kernel makes
-  // its generator from it when it runs.
-  for (size_t i = 0; i < num_args; ++i) {
-    if (traits.generator[i]) {
-      c10::IValue& g = call->args.args[i];
-      std::optional<at::Generator> gen;
-      if (g.isGenerator()) {
-        gen = g.toGenerator();
-      }
-      call->draws.emplace_back(i, reserve_draw(gen, device.index()));
-      g = c10::IValue();
-    }
-  }
-  // A structured functional op whose results are all new single tensors
-  // runs its out= variant on them: no host temporary, no copy.
-  bool into_results = traits.out_variant.has_value() &&
-                      (traits.out_variant_pointwise || plan->into_results);
-  for (const LaunchPlan::Output& out : plan->outputs) {
-    into_results =
-        into_results && out.arg < 0 && !out.is_list && out.tensors.size() == 1;
-  }
-  call->into_results = into_results;
-  launch_async(
-      device.index(), traits.display_name,
-      [call = std::move(call)] { run_queued_kernel(*call); }, plan->elements);
-  torch::jit::drop(*stack, num_args);
-  for (c10::IValue& r : results) {
-    stack->push_back(std::move(r));
-  }
-}
-// [/doc:fallback-queued]
 
 // Brings the device argument `dev` up to date with its kernel view `view`
 // after a kernel that may have resized it (out= arguments, set_, resize_).

@@ -1,0 +1,25 @@
+// The queued path of the global fallback (OpenRegFallback.cpp).
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/Device.h>
+
+#include <memory>
+
+#include "aten/fallback/OpenRegLaunchPlan.h"
+#include "aten/fallback/OpenRegOpTraits.h"
+
+namespace openreg {
+
+// Runs a call of `op` whose signature has a launch plan: checks its scalars,
+// replays the warnings the plan recorded, gives out= arguments their final
+// shape, allocates the new results from the device allocator, captures the
+// arguments (random ops reserve their draw) and queues the CPU kernel on
+// the current stream of `device`. Replaces the arguments on `stack` with the
+// results, as a boxed kernel does.
+void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
+                const std::shared_ptr<const LaunchPlan>& plan,
+                torch::jit::Stack* stack, c10::Device device);
+
+}  // namespace openreg
