@@ -9,7 +9,14 @@ process group joined through a file):
   goal), and with each rank pinned to a core of its own
   (``os.sched_setaffinity`` before any thread starts: one core per rank, as
   one device per rank; informative). Unpinned, openreg's host thread of one
-  rank competes with the other rank's kernels on the shared cores.
+  rank competes with the other rank's kernels on the shared cores. Measured
+  a third time with both sides in the same two ranks, a CPU model and an
+  openreg model stepping in turn (cpu, openreg, openreg, cpu, ...;
+  informative): each pair of steps runs under the same conditions, so this
+  ratio does not move with the VM's speed from one process to the next. Its
+  check row, "CPU DDP step alternating / alone", compares those CPU steps
+  with the CPU-only processes' (openreg running in the same ranks must not
+  slow the CPU side).
 - all_reduce of 64 MB (16M floats); ratio openreg / CPU bandwidth.
 
 Each side runs in fresh processes (a new process group, a new device), and the
@@ -46,17 +53,11 @@ def _sync(device):
         torch.openreg.synchronize(device)
 
 
-def _worker(rank, side, init, steps, pinned, results):
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    if pinned:
-        # Before any thread of the rank starts: they all inherit the mask.
-        os.sched_setaffinity(0, {rank % os.cpu_count()})
-    import torch.distributed as dist
+def _ddp_step(device, rank):
+    """A DDP model (512-1024-1024-10 MLP) on `device` and its training step."""
+    import torch.distributed as dist  # noqa: F401  (the group exists)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    # No backend: Gloo for CPU tensors, orccl for openreg ones (the default).
-    dist.init_process_group(init_method=init, rank=rank, world_size=WORLD)
-    device = torch.device("openreg", rank) if side == "openreg" else torch.device("cpu")
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(512, 1024),
@@ -65,7 +66,7 @@ def _worker(rank, side, init, steps, pinned, results):
         torch.nn.ReLU(),
         torch.nn.Linear(1024, 10),
     ).to(device)
-    ddp = DDP(model, device_ids=[rank] if side == "openreg" else None)
+    ddp = DDP(model, device_ids=[rank] if device.type == "openreg" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     x = torch.randn(64, 512).to(device)
     y = torch.randint(0, 10, (64,)).to(device)
@@ -75,30 +76,68 @@ def _worker(rank, side, init, steps, pinned, results):
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
 
-    def timed(fn, n):
-        times = []
-        for _ in range(n):
-            dist.barrier()
-            _sync(device)
-            start = time.perf_counter()
-            fn()
-            _sync(device)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
+    return step
 
-    timed(step, 3)  # warm-up: buckets, allocator, Gloo pairs
-    step_s = timed(step, steps)
-    buf = torch.ones(ALLREDUCE_BYTES // 4, device=device)
-    timed(lambda: dist.all_reduce(buf), 2)
-    allreduce_s = timed(lambda: dist.all_reduce(buf), max(3, steps // 3))
+
+def _timed_once(fn, device) -> float:
+    import torch.distributed as dist
+
+    dist.barrier()
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _worker(rank, side, init, steps, pinned, results):
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    if pinned:
+        # Before any thread of the rank starts: they all inherit the mask.
+        os.sched_setaffinity(0, {rank % os.cpu_count()})
+    import torch.distributed as dist
+
+    # No backend: Gloo for CPU tensors, orccl for openreg ones (the default).
+    dist.init_process_group(init_method=init, rank=rank, world_size=WORLD)
+    cpu, dev = torch.device("cpu"), torch.device("openreg", rank)
+    if side == "paired":
+        # Both sides in the same ranks, steps alternating (cpu, openreg,
+        # openreg, cpu, ...): each pair of steps is measured under the same
+        # conditions. The "CPU beside openreg / alone" row checks that the
+        # CPU steps are not slowed by openreg running in the process.
+        steps_of = {"cpu": _ddp_step(cpu, rank), "openreg": _ddp_step(dev, rank)}
+        device_of = {"cpu": cpu, "openreg": dev}
+        times = {"cpu": [], "openreg": []}
+        for i in range(3 + 2 * steps):  # 3 warm-up pairs, then 2 * steps
+            order = ("cpu", "openreg") if i % 2 == 0 else ("openreg", "cpu")
+            for name in order:
+                t = _timed_once(steps_of[name], device_of[name])
+                if i >= 3:
+                    times[name].append(t)
+        out = (statistics.median(times["cpu"]), statistics.median(times["openreg"]))
+        steps_of = None
+    else:
+        device = dev if side == "openreg" else cpu
+        step = _ddp_step(device, rank)
+
+        def timed(fn, n):
+            return statistics.median(_timed_once(fn, device) for _ in range(n))
+
+        timed(step, 3)  # warm-up: buckets, allocator, Gloo pairs
+        step_s = timed(step, steps)
+        buf = torch.ones(ALLREDUCE_BYTES // 4, device=device)
+        timed(lambda: dist.all_reduce(buf), 2)
+        allreduce_s = timed(lambda: dist.all_reduce(buf), max(3, steps // 3))
+        out = (step_s, allreduce_s)
+        step = buf = None
     if rank == 0:
-        results.put((step_s, allreduce_s))
+        results.put(out)
     # Gloo's worker threads drop their last reference to a finished
     # collective's tensors a little after it completes; if the interpreter is
     # already finalizing then, the thread exits inside a destructor and the
     # process aborts (seen on the CPU side, ranks pinned). Release the DDP
-    # model and the buffer, and shut the group down, while Python still runs.
-    ddp = opt = model = buf = None
+    # models and the buffer, and shut the group down, while Python still runs.
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
     gc.collect()
@@ -171,8 +210,9 @@ def main() -> int:
     args = parser.parse_args()
     steps = 6 if args.quick else 20
     rounds = args.rounds or (1 if args.quick else 5)
-    per_side = {"cpu": [], "openreg": [], "cpu pinned": [], "openreg pinned": []}
+    per_side = {"cpu": [], "openreg": [], "cpu pinned": [], "openreg pinned": [], "paired": []}
     for _ in range(rounds):
+        per_side["paired"].append(run_side("paired", steps, pinned=False))
         for side in ("cpu", "openreg"):
             per_side[side].append(run_side(side, steps, pinned=False))
             per_side[f"{side} pinned"].append(run_side(side, steps, pinned=True))
@@ -180,49 +220,72 @@ def main() -> int:
     def med(side, i):
         return statistics.median(r[i] for r in per_side[side])
 
-    cpu_step, or_step = med("cpu", 0), med("openreg", 0)
-    cpu_pin, or_pin = med("cpu pinned", 0), med("openreg pinned", 0)
-    cpu_ar, or_ar = med("cpu", 1), med("openreg", 1)
-
     # A round runs both sides seconds apart; the VM's speed drifts over
     # minutes, so a ratio is the median of the rounds' ratios (a paired
     # estimate), shown with their range.
-    def paired(cpu_side, or_side, i, invert=False):
-        rs = [o[i] / c[i] for c, o in zip(per_side[cpu_side], per_side[or_side], strict=True)]
+    def ratio(pairs, invert=False):
+        rs = [o / c for c, o in pairs]
         rs = [1 / r for r in rs] if invert else rs
         return {"ratio": statistics.median(rs), "ratio_range": [min(rs), max(rs)]}
 
-    rows = [
-        {
-            "case": "DDP training step",
-            "cpu": cpu_step,
-            "openreg": or_step,
-            "unit": "s",
-            **paired("cpu", "openreg", 0),
-            "goal": 1.05,
-        },
-        {
-            "case": "DDP step, one core per rank",
-            "cpu": cpu_pin,
-            "openreg": or_pin,
-            "unit": "s",
-            **paired("cpu pinned", "openreg pinned", 0),
-            "goal": None,
-        },
-        {
-            "case": "all_reduce 64 MB (bandwidth)",
-            "cpu": ALLREDUCE_BYTES / cpu_ar / 1e9,
-            "openreg": ALLREDUCE_BYTES / or_ar / 1e9,
-            "unit": "GB/s",
-            **paired("cpu", "openreg", 1, invert=True),
-            "goal": 0.9,
-        },
-    ]
+    def across(cpu_side, or_side, i, invert=False):
+        pairs = [(c[i], o[i]) for c, o in zip(per_side[cpu_side], per_side[or_side], strict=True)]
+        return ratio(pairs, invert)
 
-    rows[0]["meets_goal"] = rows[0]["ratio"] <= rows[0]["goal"]
-    rows[1]["meets_goal"] = None  # informative
-    rows[2]["meets_goal"] = rows[2]["ratio"] >= rows[2]["goal"]
-    print(f"{'case':32} {'cpu':>12} {'openreg':>12} {'ratio':>7} {'goal':>7} [range]")
+    def row(case, cpu, openreg, unit, stats, goal):
+        return {"case": case, "cpu": cpu, "openreg": openreg, "unit": unit, **stats, "goal": goal}
+
+    bw = ALLREDUCE_BYTES / 1e9
+    rows = [
+        row(
+            "DDP training step",
+            med("cpu", 0),
+            med("openreg", 0),
+            "s",
+            across("cpu", "openreg", 0),
+            1.05,
+        ),
+        row(
+            "DDP step, sides alternating in one run",
+            med("paired", 0),
+            med("paired", 1),
+            "s",
+            ratio(per_side["paired"]),
+            None,
+        ),
+        row(
+            "CPU DDP step alternating / alone",
+            med("cpu", 0),
+            med("paired", 0),
+            "s",
+            ratio([(c[0], p[0]) for c, p in zip(per_side["cpu"], per_side["paired"], strict=True)]),
+            None,
+        ),
+        row(
+            "DDP step, one core per rank",
+            med("cpu pinned", 0),
+            med("openreg pinned", 0),
+            "s",
+            across("cpu pinned", "openreg pinned", 0),
+            None,
+        ),
+        row(
+            "all_reduce 64 MB (bandwidth)",
+            bw / med("cpu", 1),
+            bw / med("openreg", 1),
+            "GB/s",
+            across("cpu", "openreg", 1, invert=True),
+            0.9,
+        ),
+    ]
+    for r in rows:
+        if r["goal"] is None:
+            r["meets_goal"] = None  # informative
+        elif r["unit"] == "s":
+            r["meets_goal"] = r["ratio"] <= r["goal"]
+        else:
+            r["meets_goal"] = r["ratio"] >= r["goal"]
+    print(f"{'case':40} {'cpu':>12} {'openreg':>12} {'ratio':>7} {'goal':>7} [range]")
     for r in rows:
         fmt = (lambda v: f"{v * 1e3:9.2f} ms") if r["unit"] == "s" else (lambda v: f"{v:7.2f} GB/s")
         goal = "-" if r["goal"] is None else ("<= " if r["unit"] == "s" else ">= ")
@@ -230,7 +293,7 @@ def main() -> int:
         lo, hi = r["ratio_range"]
         cells = f"{fmt(r['cpu']):>12} {fmt(r['openreg']):>12} {r['ratio']:7.3f} {goal:>7}"
         cells += f" [{lo:.2f}-{hi:.2f}]"
-        print(f"{r['case']:32} {cells}")
+        print(f"{r['case']:40} {cells}")
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
