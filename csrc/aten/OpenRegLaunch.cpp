@@ -30,6 +30,7 @@
 #include <mutex>
 #include <utility>
 
+#include "aten/OpenRegFreeList.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
@@ -82,40 +83,7 @@ void hand_back(KernelTask* task) {
 }
 
 // The task objects a host thread may reuse.
-class TaskPool {
- public:
-  TaskPool() = default;
-  TaskPool(const TaskPool&) = delete;
-  TaskPool& operator=(const TaskPool&) = delete;
-  ~TaskPool() {
-    while (free_ != nullptr) {
-      delete std::exchange(free_, free_->next);
-    }
-  }
-
-  KernelTask* take() {
-    if (free_ == nullptr) {
-      return new KernelTask;
-    }
-    --count_;
-    return std::exchange(free_, free_->next);
-  }
-
-  void give(KernelTask* task) {
-    if (count_ >= kMaxFree) {
-      delete task;
-      return;
-    }
-    task->next = free_;
-    free_ = task;
-    ++count_;
-  }
-
- private:
-  static constexpr size_t kMaxFree = 256;
-  KernelTask* free_ = nullptr;
-  size_t count_ = 0;
-};
+using TaskPool = FreeList<KernelTask>;
 
 TaskPool& task_pool() {
   thread_local TaskPool pool;

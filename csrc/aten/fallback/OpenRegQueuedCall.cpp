@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "aten/OpenRegFreeList.h"
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegResize.h"
@@ -94,50 +95,16 @@ struct QueuedCall {
   }
 };
 
-class QueuedCallPool {
- public:
-  QueuedCallPool() = default;
-  QueuedCallPool(const QueuedCallPool&) = delete;
-  QueuedCallPool& operator=(const QueuedCallPool&) = delete;
-  ~QueuedCallPool() {
-    for (QueuedCall* c : free_) {
-      delete c;
-    }
-  }
-  QueuedCall* take() {
-    if (free_.empty()) {
-      return new QueuedCall;
-    }
-    QueuedCall* c = free_.back();
-    free_.pop_back();
-    return c;
-  }
-  void give(QueuedCall* c) noexcept {
-    c->clear();
-    if (free_.size() >= kMaxFree) {
-      delete c;
-      return;
-    }
-    free_.push_back(c);  // reserved: does not allocate
-  }
-  static QueuedCallPool& mine() {
-    thread_local QueuedCallPool pool;
-    return pool;
-  }
-
- private:
-  static constexpr size_t kMaxFree = 256;
-  std::vector<QueuedCall*> free_ = reserved();
-  static std::vector<QueuedCall*> reserved() {
-    std::vector<QueuedCall*> v;
-    v.reserve(kMaxFree);
-    return v;
-  }
-};
+// A host thread's queued calls, cleared when they come back.
+FreeList<QueuedCall>& call_pool() {
+  thread_local FreeList<QueuedCall> pool;
+  return pool;
+}
 
 struct ReturnToPool {
   void operator()(QueuedCall* c) const noexcept {
-    QueuedCallPool::mine().give(c);
+    c->clear();
+    call_pool().give(c);
   }
 };
 using PooledCall = std::unique_ptr<QueuedCall, ReturnToPool>;
@@ -195,7 +162,7 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
       resize_impl(t.unsafeGetTensorImpl(), spec.sizes, spec.strides);
     }
   }
-  PooledCall call(QueuedCallPool::mine().take());
+  PooledCall call(call_pool().take());
   call->op = op;
   call->traits = &traits;
   call->plan = plan;
