@@ -269,7 +269,10 @@ void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel) {
   const profiler::InlineKernel trace(device);
   SyncCall call{kernel, thread_cap(-1), at::ThreadLocalState(),
                 c10::WarningUtils::get_warning_handler(), nullptr};
-  OPENREG_CHECK(orLaunchKernel(stream.native(), &run_sync_call, &call));
+  orLaunchAttributes attrs{};
+  attrs.hostThreads = call.threads;
+  OPENREG_CHECK(
+      orLaunchKernelEx(stream.native(), &run_sync_call, &call, &attrs));
   stream.synchronize();
   if (call.error) {
     std::rethrow_exception(call.error);
@@ -300,7 +303,11 @@ void launch_async(c10::DeviceIndex device, const std::string& op,
   task->op.assign(op);  // reuses the pooled task's buffer
   task->stream = stream.native();
   task->threads = thread_cap(elements);
-  orError_t err = orLaunchKernel(task->stream, &run_task, task);
+  // The runtime keeps a worker that never runs a kernel on more threads
+  // than itself, and retires one that might, when idle (openreg.h).
+  orLaunchAttributes attrs{};
+  attrs.hostThreads = task->threads;
+  orError_t err = orLaunchKernelEx(task->stream, &run_task, task, &attrs);
   if (err != orSuccess) {
     task->kernel = nullptr;
     task_pool().give(task);

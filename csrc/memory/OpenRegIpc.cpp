@@ -316,7 +316,9 @@ void received_deleter(void* ctx) {
       OPENREG_CHECK(orStreamWaitEvent(stream, event));
       OPENREG_CHECK(orEventDestroy(event));
     }
-    OPENREG_CHECK(orLaunchKernel(stream, &release_kernel, block));
+    orLaunchAttributes attrs{};
+    attrs.hostThreads = 1;  // a bookkeeping kernel: no thread pool
+    OPENREG_CHECK(orLaunchKernelEx(stream, &release_kernel, block, &attrs));
   } catch (const std::exception& e) {
     TORCH_WARN(
         "openreg IPC: could not queue the release of a received "

@@ -39,7 +39,10 @@ struct DeviceSpan {
 };
 
 // The timestamps queued around a copy; called by the stream's worker
-// through the runtime's C ABI, so nothing may escape.
+// through the runtime's C ABI, so nothing may escape. They run on the worker
+// alone.
+constexpr orLaunchAttributes kOneThread{1};
+
 int stamp_begin(void* data) {
   const auto flow = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(data));
   without_throwing("a copy's device start",
@@ -104,14 +107,15 @@ void QueuedCopy::begin(const c10::Stream& stream, orMemcpyKind kind,
   stream_ = native_stream(stream);
   // A failed stamp leaves the record without a device part; the copy itself
   // is unaffected.
-  (void)orLaunchKernel(stream_, &stamp_begin, as_data(flow));
+  (void)orLaunchKernelEx(stream_, &stamp_begin, as_data(flow), &kOneThread);
   collector().enter();
   flow_ = flow;
 }
 
 void QueuedCopy::end() noexcept {
   without_throwing("a copy launch's end", [this] {
-    if (orLaunchKernel(stream_, &stamp_end, as_data(flow_)) != orSuccess) {
+    if (orLaunchKernelEx(stream_, &stamp_end, as_data(flow_), &kOneThread) !=
+        orSuccess) {
       collector().leave();  // no stamp will leave for it
     }
     collector().launch_returned(flow_, now_ns());

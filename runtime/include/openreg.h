@@ -320,9 +320,36 @@ OPENREG_API orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event);
  * returns 0 on success; a nonzero return marks a launch failure that the
  * next synchronisation of the stream (or device) reports. */
 typedef int (*orKernelFn)(void* user_data);
-/* Enqueues fn(user_data) on stream and returns. */
+/* Enqueues fn(user_data) on stream and returns. The same as
+ * orLaunchKernelEx with no attributes. */
 OPENREG_API orError_t orLaunchKernel(orStream_t stream, orKernelFn fn,
                                      void* user_data);
+
+/* What a launch says about its kernel beyond the function and its data
+ * (cudaLaunchKernelEx takes its launch configuration the same way). Zeroed
+ * attributes are the defaults. */
+typedef struct orLaunchAttributes {
+  /* SIMULATOR ONLY (a driver for real hardware ignores it): the most host
+   * threads the kernel may keep busy, the stream's worker included. A kernel
+   * computed by a CPU library may open a thread pool of its own beside the
+   * worker (OpenMP's), which lives as long as the worker thread does. 0: not
+   * known (any number); 1: the worker alone.
+   *
+   * The simulator uses it to decide when an idle worker ends: a worker that
+   * has run a kernel with 0 or more than 1 retires after 10 ms without work,
+   * so that a pool it may own does not compete with the host's own CPU work;
+   * a worker that has run only kernels with 1 sleeps until the next launch
+   * (a stream used periodically, such as once per training step, then does
+   * not start a new thread every time). Negative: orErrorInvalidValue. */
+  int hostThreads;
+} orLaunchAttributes;
+
+/* Enqueues fn(user_data) on stream and returns. attributes may be NULL (the
+ * defaults). Errors: orErrorInvalidValue (fn NULL, an attribute out of
+ * range). */
+OPENREG_API orError_t orLaunchKernelEx(orStream_t stream, orKernelFn fn,
+                                       void* user_data,
+                                       const orLaunchAttributes* attributes);
 
 /* ------------------------------------------------------------------------ */
 /* Events                                                                   */

@@ -148,8 +148,9 @@ struct orStream {
 
   // Appends work; returns at once (or when the ring has room again).
   void enqueue(std::function<void()> task);
-  // Appends a launched kernel (orLaunchKernel): no allocation.
-  void enqueue_kernel(orKernelFn fn, void* user_data);
+  // Appends a launched kernel (orLaunchKernelEx): no allocation.
+  // `host_threads` is orLaunchAttributes::hostThreads.
+  void enqueue_kernel(orKernelFn fn, void* user_data, int host_threads);
   // Appends a marker (an event record): when the worker reaches it, `signal`
   // runs under the stream's lock in the same step that counts it completed,
   // so "the event completed" and "the stream is idle" are never observed to
@@ -169,6 +170,9 @@ struct orStream {
     orKernelFn kernel = nullptr;  // a launched kernel and its argument
     void* user_data = nullptr;
     bool marker = false;  // see enqueue_marker
+    // The kernel may keep host threads besides the worker busy (its
+    // hostThreads attribute is 0 or more than 1): see run().
+    bool host_threads = false;
   };
   // One ring entry. `seq` says whose turn it is: ticket t may fill the slot
   // when seq == t, the worker may take it when seq == t + 1.
@@ -207,7 +211,8 @@ struct orStream {
   std::multiset<uint64_t> waiters_;
 
   // The worker's life: started by the first launch, asleep when idle,
-  // retired after a while without work (stream.cpp, run()).
+  // retired after a while without work if it may hold host threads
+  // (stream.cpp, run()).
   std::atomic<int> worker_state_{kNoWorker};
   std::mutex worker_mu_;  // guards worker_, stop_; pairs with work_cv_
   std::condition_variable work_cv_;

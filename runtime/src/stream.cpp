@@ -51,10 +51,12 @@ void orStream::enqueue(std::function<void()> task) {
   push(std::move(t));
 }
 
-void orStream::enqueue_kernel(orKernelFn fn, void* user_data) {
+void orStream::enqueue_kernel(orKernelFn fn, void* user_data,
+                              int host_threads) {
   Task t;
   t.kernel = fn;
   t.user_data = user_data;
+  t.host_threads = host_threads != 1;
   push(std::move(t));
 }
 
@@ -172,13 +174,18 @@ void orStream::record_error(orError_t err) {
 // [doc:stream-worker]
 // The worker: runs the stream's tasks in order. Idle, it spins briefly
 // (launches come in bursts, and waking a sleeping thread costs the launcher
-// a system call), then sleeps; after kIdleRetire without work it retires,
-// and the next launch starts a new worker. Retiring matters for the process
-// around it: the CPU kernels a worker runs give it a thread pool of its own
-// (OpenMP's), and while that pool exists beside the main thread's, OpenMP
-// sees more threads than cores and makes every thread of every pool sleep
-// at once after each parallel region, which slows the host's own CPU work
-// several times over.
+// a system call), then sleeps until the next launch.
+//
+// SIMULATOR ONLY: a worker that may hold host threads retires instead after
+// kIdleRetire without work, and the next launch starts a new one. The CPU
+// kernels a worker runs may give it a thread pool of its own (OpenMP's),
+// and while that pool exists beside the main thread's, OpenMP sees more
+// threads than cores and makes every thread of every pool sleep at once
+// after each parallel region, which slows the host's own CPU work several
+// times over; the pool ends with its thread. A worker that has run only
+// kernels launched with hostThreads == 1 owns no pool, and keeps sleeping:
+// a stream used once per training step (a communication stream, say) would
+// otherwise start a thread at every step, on the step's critical path.
 void orStream::run() {
   constexpr auto kSpin = std::chrono::microseconds(50);
   constexpr auto kIdleRetire = std::chrono::milliseconds(10);
@@ -190,6 +197,7 @@ void orStream::run() {
   std::snprintf(name, sizeof(name), "openreg%d-%s", dev_->index,
                 is_default_ ? "dflt" : "strm");
   pthread_setname_np(pthread_self(), name);
+  bool may_hold_threads = false;  // ran a kernel with host_threads
   for (;;) {
     Slot& slot = ring_[head_ % kCapacity];
     auto published = [&] {
@@ -206,8 +214,12 @@ void orStream::run() {
       worker_state_.store(kSleeping, std::memory_order_relaxed);
       // Pairs with the fence in wake_worker().
       std::atomic_thread_fence(std::memory_order_seq_cst);
-      work_cv_.wait_for(lock, kIdleRetire,
-                        [&] { return stop_ || published(); });
+      const auto woken = [&] { return stop_ || published(); };
+      if (may_hold_threads) {
+        work_cv_.wait_for(lock, kIdleRetire, woken);
+      } else {
+        work_cv_.wait(lock, woken);
+      }
       if (!published()) {
         // Stopping with the ring drained, or idle for kIdleRetire: the next
         // launch starts a new worker.
@@ -229,6 +241,7 @@ void orStream::run() {
       continue;
     }
     if (task.kernel != nullptr) {
+      may_hold_threads = may_hold_threads || task.host_threads;
       if (task.kernel(task.user_data) != 0) {
         record_error(orErrorLaunchFailure);
       }
@@ -337,12 +350,20 @@ orError_t orStreamSynchronize(orStream_t stream) {
 }
 
 orError_t orLaunchKernel(orStream_t stream, orKernelFn fn, void* user_data) {
-  if (fn == nullptr) {
+  return orLaunchKernelEx(stream, fn, user_data, nullptr);
+}
+
+orError_t orLaunchKernelEx(orStream_t stream, orKernelFn fn, void* user_data,
+                           const orLaunchAttributes* attributes) {
+  const orLaunchAttributes defaults{};
+  const orLaunchAttributes& attrs =
+      attributes != nullptr ? *attributes : defaults;
+  if (fn == nullptr || attrs.hostThreads < 0) {
     return orErrorInvalidValue;
   }
   OR_RETURN_IF_ERROR(ensure_init());
   resolve(&stream);
-  stream->enqueue_kernel(fn, user_data);
+  stream->enqueue_kernel(fn, user_data, attrs.hostThreads);
   return orSuccess;
 }
 

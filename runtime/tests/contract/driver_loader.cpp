@@ -75,6 +75,10 @@
   X(orError_t, orLaunchKernel,                                               \
     (orStream_t stream, orKernelFn fn, void* user_data),                     \
     (stream, fn, user_data))                                                 \
+  X(orError_t, orLaunchKernelEx,                                             \
+    (orStream_t stream, orKernelFn fn, void* user_data,                      \
+     const orLaunchAttributes* attributes),                                  \
+    (stream, fn, user_data, attributes))                                     \
   X(orError_t, orEventCreateWithFlags,                                       \
     (orEvent_t * event, unsigned int flags), (event, flags))                 \
   X(orError_t, orEventCreate, (orEvent_t * event), (event))                  \

@@ -126,6 +126,14 @@ TEST_F(StreamTest, BadHandlesAndArguments) {
   EXPECT_EQ(orErrorInvalidValue,
             orLaunchKernel(stream.get(), nullptr, nullptr));
   EXPECT_EQ(orErrorInvalidValue, orLaunchKernel(nullptr, nullptr, nullptr));
+  EXPECT_EQ(orErrorInvalidValue,
+            orLaunchKernelEx(stream.get(), nullptr, nullptr, nullptr));
+  orLaunchAttributes negative{};
+  negative.hostThreads = -1;
+  std::vector<int> log;
+  Step step{&log, 1};
+  EXPECT_EQ(orErrorInvalidValue,
+            orLaunchKernelEx(stream.get(), RecordStep, &step, &negative));
   OR_EXPECT_OK(orStreamQuery(stream.get()));  // nothing was enqueued
 }
 
@@ -161,6 +169,31 @@ TEST_F(StreamTest, KernelsRunInLaunchOrder) {
     ASSERT_EQ(static_cast<size_t>(kSteps), log.size());
     for (int i = 0; i < kSteps; ++i) EXPECT_EQ(i, log[i]);
   }
+}
+
+// Attributes describe a kernel; they never change where or in what order it
+// runs.
+TEST_F(StreamTest, KernelsLaunchedWithAttributesRunInLaunchOrder) {
+  StreamHandle stream;
+  std::vector<int> log;
+  std::vector<Step> steps;
+  for (int i = 0; i < 8; ++i) steps.push_back({&log, i});
+  orLaunchAttributes attrs[3] = {};
+  attrs[1].hostThreads = 1;
+  attrs[2].hostThreads = 4;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (i % 4 == 3) {
+      OR_ASSERT_OK(orLaunchKernel(stream.get(), RecordStep, &steps[i]));
+    } else if (i % 4 == 2) {
+      OR_ASSERT_OK(
+          orLaunchKernelEx(stream.get(), RecordStep, &steps[i], nullptr));
+    } else {
+      OR_ASSERT_OK(orLaunchKernelEx(stream.get(), RecordStep, &steps[i],
+                                    &attrs[(i / 4 + i) % 3]));
+    }
+  }
+  OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+  EXPECT_EQ((std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}), log);
 }
 
 int ReportDevice(void* out) {
