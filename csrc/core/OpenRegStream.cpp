@@ -19,6 +19,8 @@ namespace {
 // streams in a loop does not grow (each runtime stream has a worker thread).
 constexpr size_t kStreamsPerPool = 32;
 constexpr size_t kMaxPriorities = 4;
+// ReservedStream's values, each a stream of its own after the pools.
+constexpr size_t kReservedStreams = 2;
 
 // [doc:stream-table]
 struct DeviceStreams {
@@ -33,6 +35,8 @@ struct DeviceStreams {
   std::array<std::array<c10::StreamId, kStreamsPerPool>, kMaxPriorities>
       pools{};
   std::array<std::atomic<uint32_t>, kMaxPriorities> next{};
+  // reserved[r]: the id of ReservedStream r (priority 0, in no pool).
+  std::array<c10::StreamId, kReservedStreams> reserved{};
 };
 
 DeviceStreams& streams_of(c10::DeviceIndex device) {
@@ -62,6 +66,12 @@ DeviceStreams& streams_of(c10::DeviceIndex device) {
         id = static_cast<c10::StreamId>(ds.table.size());
         ds.table.push_back(s);
       }
+    }
+    for (auto& id : ds.reserved) {
+      orStream_t s = nullptr;
+      OPENREG_CHECK(orStreamCreateWithPriority(&s, 0));
+      id = static_cast<c10::StreamId>(ds.table.size());
+      ds.table.push_back(s);
     }
     ds.ready.store(true, std::memory_order_release);
   });
@@ -148,6 +158,14 @@ OpenRegStream getNewStream(c10::DeviceIndex device, int priority) {
   const auto level = static_cast<size_t>(priority - ds.greatest);
   const uint32_t slot = ds.next[level].fetch_add(1) % kStreamsPerPool;
   return OpenRegStream(make(device, ds.pools[level][slot]));
+}
+
+OpenRegStream getReservedStream(c10::DeviceIndex device, ReservedStream which) {
+  device = resolve(device);
+  const DeviceStreams& ds = streams_of(device);
+  const auto slot = static_cast<size_t>(which);
+  TORCH_INTERNAL_ASSERT(slot < kReservedStreams, "no reserved stream ", slot);
+  return OpenRegStream(make(device, ds.reserved[slot]));
 }
 
 void setCurrentStream(OpenRegStream stream) {

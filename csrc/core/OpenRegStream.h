@@ -3,8 +3,9 @@
 //
 // Stream ids: 0 is the device's default stream; every other id indexes the
 // device's table of runtime streams: a pool of 32 per priority level, made
-// at initialisation and handed out round robin, as CUDA's stream pools are.
-// A c10::Stream stays valid for the life of the process. Thread-safe.
+// at initialisation and handed out round robin, as CUDA's stream pools are,
+// then the streams openreg reserves for its own work (ReservedStream). A
+// c10::Stream stays valid for the life of the process. Thread-safe.
 #pragma once
 
 #include <c10/core/Stream.h>
@@ -38,6 +39,12 @@ OpenRegStream getStreamFromPool(bool high_priority = false,
 // The next stream of the pool of `priority` (clamped into the device's
 // range): what torch.Stream() / torch.openreg.Stream() return.
 OpenRegStream getNewStream(c10::DeviceIndex device, int priority);
+// Streams a device keeps for openreg's own work, never handed out to
+// programs (not in any pool): queues that must hold nothing but that work,
+// such as the communication streams of collectives (distributed/), where a
+// task waits for other processes.
+enum class ReservedStream : int { kCollectiveIssue, kCollectiveCompletion };
+OpenRegStream getReservedStream(c10::DeviceIndex device, ReservedStream which);
 // Makes `stream` current for its device on this thread.
 void setCurrentStream(OpenRegStream stream);
 // The runtime handle behind a c10::Stream of type PrivateUse1.

@@ -125,7 +125,7 @@ void check_reduce_op(const c10d::ReduceOp& op, const char* name) {
 // tasks queued on the streams. Thread-safe.
 class CommState {
  public:
-  // Called once by the communication-stream task: what Gloo returned, or the
+  // Called once by the issue-stream task: what Gloo returned, or the
   // error Gloo raised when the call was made.
   void issued(c10::intrusive_ptr<c10d::Work> work, std::exception_ptr error) {
     {
@@ -260,17 +260,6 @@ uint64_t ProcessGroupOpenReg::getSequenceNumberForGroup() {
   return gloo_->getSequenceNumberForGroup();
 }
 
-OpenRegStream ProcessGroupOpenReg::comm_stream(c10::DeviceIndex device) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = comm_streams_.find(device);
-  if (it == comm_streams_.end()) {
-    // A stream of its own: Gloo blocks it while waiting for the peers, so
-    // nothing else may be queued behind it (a pool stream would be shared).
-    it = comm_streams_.emplace(device, getNewStream(device, 0)).first;
-  }
-  return it->second;
-}
-
 // [doc:c10d-launch]
 c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch(
     c10d::OpType op, const char* name, const std::vector<at::Tensor>& tensors,
@@ -281,41 +270,63 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch(
   }
   const std::string op_name = std::string("c10d::") + name;
   const OpenRegStream current = getCurrentStream(device);
-  const OpenRegStream comm = comm_stream(device);
+  const OpenRegStream issue_stream =
+      getReservedStream(device, ReservedStream::kCollectiveIssue);
 
-  // 1. The communication stream waits for the work queued so far.
+  // 1. The issue stream waits for the work queued so far.
   c10::Event ready(c10::DeviceType::PrivateUse1);
   ready.record(current.unwrap());
-  ready.block(comm.unwrap());
+  ready.block(issue_stream.unwrap());
 
-  // 2. Gloo is called from the communication stream, in stream order; for a
-  // collective the stream then waits for it to finish.
+  // 2. Gloo is called from the issue stream, in launch order. The call only
+  // hands the work to Gloo's threads, so the next collective is issued as
+  // soon as it is ready, not when this one finishes: Gloo runs them side by
+  // side, as it does for CPU tensors. The worker computes nothing (elements
+  // 0: no thread pool).
   auto state = std::make_shared<CommState>();
-  const c10::StreamGuard on_comm(comm.unwrap());
-  launch_async(device, op_name, [state, issue = std::move(issue), kind] {
-    c10::intrusive_ptr<c10d::Work> work;
-    try {
-      work = issue();
-    } catch (...) {
-      state->issued(nullptr, std::current_exception());
-      throw;
-    }
-    state->issued(work, nullptr);
-    if (kind == Kind::kCollective) {
-      state->wait();
-    }
-  });
-
-  // 3. The future completes at launch; its events, recorded on the
-  // communication stream, make whoever waits on it wait for the collective.
-  c10::intrusive_ptr<c10::ivalue::Future> future;
-  if (kind == Kind::kCollective) {
-    future = c10::make_intrusive<c10::ivalue::Future>(
-        c10::ListType::create(c10::TensorType::get()),
-        std::vector<c10::Device>{
-            c10::Device(c10::DeviceType::PrivateUse1, device)});
-    future->markCompleted(c10::IValue(outputs));
+  const bool collective = kind == Kind::kCollective;
+  {
+    const c10::StreamGuard on_issue(issue_stream.unwrap());
+    launch_async(
+        device, op_name,
+        [state, issue = std::move(issue), collective] {
+          c10::intrusive_ptr<c10d::Work> work;
+          try {
+            work = issue();
+          } catch (...) {
+            state->issued(nullptr, std::current_exception());
+            if (collective) {
+              return;  // raised by the completion stream's task
+            }
+            throw;
+          }
+          state->issued(work, nullptr);
+        },
+        /*elements=*/0);
   }
+  if (!collective) {
+    // Point-to-point: issued only, and waited for by Work::wait().
+    return c10::make_intrusive<OpenRegWork>(getRank(), op, op_name, device,
+                                            std::move(state),
+                                            std::move(outputs), nullptr);
+  }
+
+  // 3. The completion stream waits for each collective to finish, in launch
+  // order, and re-raises its error there (reported by the next
+  // synchronization of the device).
+  const OpenRegStream completion =
+      getReservedStream(device, ReservedStream::kCollectiveCompletion);
+  const c10::StreamGuard on_completion(completion.unwrap());
+  launch_async(
+      device, op_name, [state] { state->wait(); }, /*elements=*/0);
+
+  // 4. The future completes at launch; its events, recorded on the
+  // completion stream, make whoever waits on it wait for the collective.
+  auto future = c10::make_intrusive<c10::ivalue::Future>(
+      c10::ListType::create(c10::TensorType::get()),
+      std::vector<c10::Device>{
+          c10::Device(c10::DeviceType::PrivateUse1, device)});
+  future->markCompleted(c10::IValue(outputs));
   return c10::make_intrusive<OpenRegWork>(getRank(), op, op_name, device,
                                           std::move(state), std::move(outputs),
                                           std::move(future));

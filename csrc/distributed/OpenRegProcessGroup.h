@@ -2,38 +2,43 @@
 // carried out by PyTorch's Gloo process group and ordered with openreg streams
 // the way ProcessGroupNCCL orders NCCL kernels with CUDA streams.
 //
-// How a collective runs (see OpenRegProcessGroup.cpp):
-//  1. The caller's current stream records an event; the backend's
-//     communication stream (one per device, dedicated) waits for it, so the
-//     collective sees every kernel queued before the call.
-//  2. A task on the communication stream hands Gloo CPU tensors that alias
-//     the device memory through the kernel view (orGetKernelPointer): no copy.
-//     The aliases own a reference to the device storage, so the memory stays
-//     allocated while Gloo still uses it.
-//  3. For collectives the next task on the communication stream waits for
-//     Gloo to finish; the Work's future is completed at launch with events
-//     recorded on the communication stream (NCCL's model).
+// How a collective runs (see OpenRegProcessGroup.cpp). Each device has two
+// communication streams, reserved for this (core/OpenRegStream.h): nothing
+// else is ever queued on them.
+//  1. The caller's current stream records an event; the device's issue
+//     stream waits for it, so the collective sees every kernel queued before
+//     the call.
+//  2. A task on the issue stream hands Gloo CPU tensors that alias the device
+//     memory through the kernel view (orGetKernelPointer): no copy. The
+//     aliases own a reference to the device storage, so the memory stays
+//     allocated while Gloo still uses it. Gloo's call returns at once (its
+//     own threads do the work), so collectives are issued in launch order and
+//     run side by side in Gloo, as they do for CPU tensors.
+//  3. For collectives a task on the completion stream waits for Gloo to
+//     finish, in launch order; the Work's future is completed at launch with
+//     events recorded on the completion stream (NCCL's model).
 //  4. Work::wait() queues, on the caller's current stream, a task that waits
 //     for the collective and re-raises its error: later work on that stream
 //     is ordered after the collective, the host does not block, and a failure
 //     (mismatch, timeout, dead peer) is raised at the next synchronization
 //     naming the collective. wait(timeout) with a timeout blocks the host.
 //
-// Deadlock freedom: Gloo blocks until the peers arrive, so it only ever runs
-// on the communication stream (no other work is queued there) or on Gloo's own
-// threads, never on a stream that user kernels need, and no task touches
-// Python (no GIL). Point-to-point operations are only issued on the
-// communication stream (not waited for there), so matching send/recv pairs
-// issued in any order by two ranks cannot block each other.
+// Deadlock freedom: the issue stream never waits for other processes: a
+// collective waits there only for work queued before its launch, which can
+// only wait for collectives launched before it, issued already. Gloo blocks
+// until the peers arrive only on the completion stream (which nothing else
+// waits behind) or on Gloo's own threads, never on a stream that user
+// kernels need, and no task touches Python (no GIL). Point-to-point
+// operations are only issued (not waited for on a stream of their own), so
+// matching send/recv pairs issued in any order by two ranks cannot block
+// each other.
 //
 // CPU tensors go straight to Gloo: one process group serves "cpu" and
 // "openreg" tensors.
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <unordered_map>
 
 #include "core/OpenRegStream.h"
 
@@ -128,11 +133,8 @@ class ProcessGroupOpenReg final : public c10d::Backend {
                                         const std::vector<at::Tensor>& tensors,
                                         std::vector<at::Tensor> outputs,
                                         Kind kind, Issue issue);
-  OpenRegStream comm_stream(c10::DeviceIndex device);
 
   c10::intrusive_ptr<c10d::Backend> gloo_;
-  std::mutex mutex_;  // guards comm_streams_
-  std::unordered_map<c10::DeviceIndex, OpenRegStream> comm_streams_;
 };
 
 }  // namespace openreg::distributed
