@@ -23,7 +23,7 @@ Each side runs in fresh processes (a new process group, a new device), and the
 sides alternate over ``--rounds`` rounds; the figures are the medians of the
 per-round medians; a ratio is the median of the per-round ratios, with their
 range. openreg computes on the host, so the ratio is the cost of the device
-layer: kernel views, the communication stream and its ordering.
+layer: kernel views, the communication streams and their ordering.
 
 Usage: python benchmarks/bench_distributed.py [--quick] [--out DIR]
 Writes DIR/bench_distributed.json and DIR/bench_distributed.png.
