@@ -227,6 +227,27 @@ def _stream_semantics(rank, world):
     s.synchronize()
     assert torch.equal(v.cpu(), torch.full((8,), 30.0))
 
+    # Two groups, collectives launched in opposite orders on the two ranks:
+    # rank 1 finishes the second group's collective before it joins the
+    # first's, so rank 0 must have issued its second collective while its
+    # first still waits for rank 1 (NCCL runs each group on its own stream;
+    # a launch that blocked until the previous collective finished would
+    # time out here).
+    other = dist.new_group([0, 1])
+    a = torch.full((1 << 10,), float(rank + 1), device=d)
+    b = torch.full((1 << 10,), float(10 * (rank + 1)), device=d)
+    if rank == 0:
+        first = dist.all_reduce(a, async_op=True)
+        second = dist.all_reduce(b, group=other, async_op=True)
+        first.wait()
+        second.wait()
+    else:
+        dist.all_reduce(b, group=other, async_op=True).wait(timedelta(seconds=30))
+        dist.all_reduce(a)
+    assert torch.equal(a.cpu(), torch.full((1 << 10,), 3.0))
+    assert torch.equal(b.cpu(), torch.full((1 << 10,), 30.0))
+    dist.destroy_process_group(other)
+
     # Non-contiguous input: refused with a clear message (like Gloo on CPU).
     nc = torch.ones(4, 4, device=d).t()[:, :2]
     try:
