@@ -233,19 +233,30 @@ def _stream_semantics(rank, world):
     # first still waits for rank 1 (NCCL runs each group on its own stream;
     # a launch that blocked until the previous collective finished would
     # time out here).
-    other = dist.new_group([0, 1])
-    a = torch.full((1 << 10,), float(rank + 1), device=d)
-    b = torch.full((1 << 10,), float(10 * (rank + 1)), device=d)
-    if rank == 0:
-        first = dist.all_reduce(a, async_op=True)
-        second = dist.all_reduce(b, group=other, async_op=True)
-        first.wait()
-        second.wait()
-    else:
-        dist.all_reduce(b, group=other, async_op=True).wait(timedelta(seconds=30))
-        dist.all_reduce(a)
-    assert torch.equal(a.cpu(), torch.full((1 << 10,), 3.0))
-    assert torch.equal(b.cpu(), torch.full((1 << 10,), 30.0))
+    # The same through the second collective's future (what DDP's reducer
+    # uses): rank 0 reads its result before rank 1 joins the first group's
+    # collective, so the future must not wait for that one.
+    other = dist.new_group([0, 1], timeout=timedelta(seconds=20))
+    for through_future in (False, True):
+        a = torch.full((1 << 10,), float(rank + 1), device=d)
+        b = torch.full((1 << 10,), float(10 * (rank + 1)), device=d)
+        if rank == 0:
+            first = dist.all_reduce(a, async_op=True)
+            second = dist.all_reduce(b, group=other, async_op=True)
+            if through_future:
+                got = second.get_future().wait()[0] * 2
+                assert torch.equal(got.cpu(), torch.full((1 << 10,), 60.0))
+                dist.barrier(group=other)  # rank 1 joins `first` after this
+            else:
+                second.wait()
+            first.wait()
+        else:
+            dist.all_reduce(b, group=other, async_op=True).wait(timedelta(seconds=20))
+            if through_future:
+                dist.barrier(group=other)
+            dist.all_reduce(a)
+        assert torch.equal(a.cpu(), torch.full((1 << 10,), 3.0))
+        assert torch.equal(b.cpu(), torch.full((1 << 10,), 30.0))
     dist.destroy_process_group(other)
 
     # Non-contiguous input: refused with a clear message (like Gloo on CPU).

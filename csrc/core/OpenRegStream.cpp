@@ -19,8 +19,9 @@ namespace {
 // streams in a loop does not grow (each runtime stream has a worker thread).
 constexpr size_t kStreamsPerPool = 32;
 constexpr size_t kMaxPriorities = 4;
-// ReservedStream's values, each a stream of its own after the pools.
-constexpr size_t kReservedStreams = 2;
+// The reserved streams after the pools: the collective issue stream, then
+// the completion streams.
+constexpr size_t kReservedStreams = 1 + kCollectiveCompletionStreams;
 
 // [doc:stream-table]
 struct DeviceStreams {
@@ -35,7 +36,8 @@ struct DeviceStreams {
   std::array<std::array<c10::StreamId, kStreamsPerPool>, kMaxPriorities>
       pools{};
   std::array<std::atomic<uint32_t>, kMaxPriorities> next{};
-  // reserved[r]: the id of ReservedStream r (priority 0, in no pool).
+  // reserved: the ids of the reserved streams (priority 0, in no pool), in
+  // the order of kReservedStreams.
   std::array<c10::StreamId, kReservedStreams> reserved{};
 };
 
@@ -160,11 +162,18 @@ OpenRegStream getNewStream(c10::DeviceIndex device, int priority) {
   return OpenRegStream(make(device, ds.pools[level][slot]));
 }
 
-OpenRegStream getReservedStream(c10::DeviceIndex device, ReservedStream which) {
+OpenRegStream getReservedStream(c10::DeviceIndex device, ReservedStream which,
+                                int index) {
   device = resolve(device);
   const DeviceStreams& ds = streams_of(device);
-  const auto slot = static_cast<size_t>(which);
-  TORCH_INTERNAL_ASSERT(slot < kReservedStreams, "no reserved stream ", slot);
+  const int count = which == ReservedStream::kCollectiveIssue
+                        ? 1
+                        : kCollectiveCompletionStreams;
+  TORCH_INTERNAL_ASSERT(index >= 0 && index < count, "reserved stream ",
+                        static_cast<int>(which), " has ", count,
+                        " streams, asked for index ", index);
+  const auto slot = static_cast<size_t>(
+      which == ReservedStream::kCollectiveIssue ? 0 : 1 + index);
   return OpenRegStream(make(device, ds.reserved[slot]));
 }
 

@@ -42,9 +42,13 @@ OpenRegStream getNewStream(c10::DeviceIndex device, int priority);
 // Streams a device keeps for openreg's own work, never handed out to
 // programs (not in any pool): queues that must hold nothing but that work,
 // such as the communication streams of collectives (distributed/), where a
-// task waits for other processes.
+// task waits for other processes. A device has one issue stream and
+// kCollectiveCompletionStreams completion streams, which process groups take
+// in turn (index: 0 .. count - 1).
 enum class ReservedStream : int { kCollectiveIssue, kCollectiveCompletion };
-OpenRegStream getReservedStream(c10::DeviceIndex device, ReservedStream which);
+constexpr int kCollectiveCompletionStreams = 8;
+OpenRegStream getReservedStream(c10::DeviceIndex device, ReservedStream which,
+                                int index = 0);
 // Makes `stream` current for its device on this thread.
 void setCurrentStream(OpenRegStream stream);
 // The runtime handle behind a c10::Stream of type PrivateUse1.

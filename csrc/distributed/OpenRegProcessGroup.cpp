@@ -4,6 +4,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <thread>
 
@@ -239,7 +240,11 @@ class OpenRegWork final : public c10d::Work {
 
 ProcessGroupOpenReg::ProcessGroupOpenReg(c10::intrusive_ptr<c10d::Backend> gloo,
                                          int rank, int size)
-    : c10d::Backend(rank, size), gloo_(std::move(gloo)) {
+    : c10d::Backend(rank, size), gloo_(std::move(gloo)), completion_index_([] {
+        // Groups take the completion streams in turn, in creation order.
+        static std::atomic<int> next{0};
+        return next.fetch_add(1) % kCollectiveCompletionStreams;
+      }()) {
   TORCH_CHECK(gloo_, "orccl: no Gloo process group given");
   TORCH_CHECK(gloo_->getRank() == rank && gloo_->getSize() == size,
               "orccl: the Gloo process group is rank ", gloo_->getRank(),
@@ -311,11 +316,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch(
                                             std::move(outputs), nullptr);
   }
 
-  // 3. The completion stream waits for each collective to finish, in launch
-  // order, and re-raises its error there (reported by the next
-  // synchronization of the device).
-  const OpenRegStream completion =
-      getReservedStream(device, ReservedStream::kCollectiveCompletion);
+  // 3. The group's completion stream waits for each of its collectives to
+  // finish, in launch order, and re-raises its error there (reported by the
+  // next synchronization of the device).
+  const OpenRegStream completion = getReservedStream(
+      device, ReservedStream::kCollectiveCompletion, completion_index_);
   const c10::StreamGuard on_completion(completion.unwrap());
   launch_async(
       device, op_name, [state] { state->wait(); }, /*elements=*/0);

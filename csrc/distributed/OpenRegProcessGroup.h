@@ -2,9 +2,11 @@
 // carried out by PyTorch's Gloo process group and ordered with openreg streams
 // the way ProcessGroupNCCL orders NCCL kernels with CUDA streams.
 //
-// How a collective runs (see OpenRegProcessGroup.cpp). Each device has two
-// communication streams, reserved for this (core/OpenRegStream.h): nothing
-// else is ever queued on them.
+// How a collective runs (see OpenRegProcessGroup.cpp). Each device reserves
+// communication streams for this (core/OpenRegStream.h): nothing else is
+// ever queued on them. One issue stream per device serves every group; each
+// group completes on a completion stream of its own (while there are no more
+// groups than the device's completion streams; then they share).
 //  1. The caller's current stream records an event; the device's issue
 //     stream waits for it, so the collective sees every kernel queued before
 //     the call.
@@ -14,9 +16,11 @@
 //     allocated while Gloo still uses it. Gloo's call returns at once (its
 //     own threads do the work), so collectives are issued in launch order and
 //     run side by side in Gloo, as they do for CPU tensors.
-//  3. For collectives a task on the completion stream waits for Gloo to
-//     finish, in launch order; the Work's future is completed at launch with
-//     events recorded on the completion stream (NCCL's model).
+//  3. For collectives a task on the group's completion stream waits for
+//     Gloo to finish, in launch order; the Work's future is completed at
+//     launch with events recorded on the completion stream (NCCL's model:
+//     the futures of one group do not wait for another group's
+//     collectives).
 //  4. Work::wait() queues, on the caller's current stream, a task that waits
 //     for the collective and re-raises its error: later work on that stream
 //     is ordered after the collective, the host does not block, and a failure
@@ -135,6 +139,9 @@ class ProcessGroupOpenReg final : public c10d::Backend {
                                         Kind kind, Issue issue);
 
   c10::intrusive_ptr<c10d::Backend> gloo_;
+  // This group's completion stream on each device: the reserved completion
+  // stream of this index (groups take them in turn, see the constructor).
+  const int completion_index_;
 };
 
 }  // namespace openreg::distributed
