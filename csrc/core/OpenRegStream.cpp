@@ -108,6 +108,10 @@ orStream_t native_stream(const c10::Stream& stream) {
   return ds.table[static_cast<size_t>(stream.id())];
 }
 
+c10::ArrayRef<orStream_t> device_streams(c10::DeviceIndex device) {
+  return streams_of(resolve(device)).table;
+}
+
 OpenRegStream::OpenRegStream(c10::Stream stream) : stream_(stream) {
   TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
               "Expected an openreg stream, got a stream of ", stream.device());

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <c10/core/Stream.h>
+#include <c10/util/ArrayRef.h>
 #include <openreg.h>
 
 namespace openreg {
@@ -53,5 +54,8 @@ OpenRegStream getReservedStream(c10::DeviceIndex device, ReservedStream which,
 void setCurrentStream(OpenRegStream stream);
 // The runtime handle behind a c10::Stream of type PrivateUse1.
 orStream_t native_stream(const c10::Stream& stream);
+// Every runtime stream of `device`, indexed by stream id (the default stream
+// first): the PyTorch layer creates no other stream.
+c10::ArrayRef<orStream_t> device_streams(c10::DeviceIndex device);
 
 }  // namespace openreg

@@ -4,9 +4,10 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "aten/OpenRegLaunch.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
+#include "core/OpenRegKernelTask.h"
+#include "core/OpenRegStream.h"
 
 namespace openreg {
 
@@ -112,6 +113,11 @@ void record_kernel_warning(orStream_t stream, const c10::Warning& warning) {
 
 void synchronize_stream(orStream_t stream, c10::DeviceIndex device,
                         int64_t id) {
+  if (stream == worker_stream()) {
+    // A kernel of this stream waiting for its stream: everything queued
+    // before the kernel has finished, everything after waits for it.
+    return;
+  }
   const orError_t err =
       host_wait([stream] { return orStreamSynchronize(stream); });
   reclaim_finished_tasks();
@@ -121,6 +127,21 @@ void synchronize_stream(orStream_t stream, c10::DeviceIndex device,
 }
 
 void synchronize_device(c10::DeviceIndex device) {
+  if (orStream_t own = worker_stream()) {
+    int own_device = -1;
+    if (orStreamGetDevice(own, &own_device) == orSuccess &&
+        own_device == device) {
+      // On a worker of this device (a kernel that allocates device memory
+      // and must free the cache first): every other stream of the device.
+      const c10::ArrayRef<orStream_t> streams = device_streams(device);
+      for (size_t id = 0; id < streams.size(); ++id) {
+        if (streams[id] != own) {
+          synchronize_stream(streams[id], device, static_cast<int64_t>(id));
+        }
+      }
+      return;
+    }
+  }
   ScopedDevice guard(device);
   const orError_t err = host_wait([] { return orDeviceSynchronize(); });
   reclaim_finished_tasks();
