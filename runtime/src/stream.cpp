@@ -1,6 +1,7 @@
 // Streams: in-order queues, each drained by one worker thread.
 #include <pthread.h>
 
+#include <cfenv>
 #include <chrono>
 #include <cstdio>
 
@@ -197,6 +198,12 @@ void orStream::run() {
   std::snprintf(name, sizeof(name), "openreg%d-%s", dev_->index,
                 is_default_ ? "dflt" : "strm");
   pthread_setname_np(pthread_self(), name);
+  // A device has its own floating-point mode: the default one (round to
+  // nearest, denormals kept), not the one of the host thread that happened
+  // to start this worker (a thread inherits its creator's, so
+  // torch.set_flush_denormal on the host would reach the device's kernels
+  // or not depending on when the worker started).
+  std::fesetenv(FE_DFL_ENV);
   bool may_hold_threads = false;  // ran a kernel with host_threads
   for (;;) {
     Slot& slot = ring_[head_ % kCapacity];

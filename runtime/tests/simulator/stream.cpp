@@ -9,6 +9,10 @@
 
 #include "test_util.h"
 
+#if defined(__SSE__) || defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 namespace {
 
 using openreg_test::RuntimeTest;
@@ -74,5 +78,35 @@ TEST_F(SimulatedStreamTest, OneMultiThreadKernelMakesTheWorkerRetire) {
   EXPECT_EQ(first, unused);
   EXPECT_NE(first, second);
 }
+
+#if defined(__SSE__) || defined(__x86_64__)
+// Whether a denormal survives a multiplication on the calling thread.
+int KeepsDenormals(void* out) {
+  volatile float tiny = 1e-39f;
+  volatile float one = 1.0f;
+  *static_cast<int*>(out) = (tiny * one) != 0.0f ? 1 : 2;
+  return 0;
+}
+
+// A device has its own floating-point mode: a host thread that flushes
+// denormals (torch.set_flush_denormal) and then starts a stream's worker
+// does not pass its mode on.
+TEST_F(SimulatedStreamTest, WorkerDoesNotInheritTheHostFloatingPointMode) {
+  constexpr unsigned kFlushAndDenormalsAreZero = 0x8040;
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | kFlushAndDenormalsAreZero);
+  int host = 0;
+  KeepsDenormals(&host);
+  int device = 0;
+  {
+    StreamHandle stream;  // its worker starts now, from this thread
+    EXPECT_EQ(orSuccess, orLaunchKernel(stream.get(), KeepsDenormals, &device));
+    EXPECT_EQ(orSuccess, orStreamSynchronize(stream.get()));
+  }
+  _mm_setcsr(saved);
+  EXPECT_EQ(2, host);    // this thread flushes
+  EXPECT_EQ(1, device);  // the device does not
+}
+#endif
 
 }  // namespace
