@@ -104,6 +104,70 @@ def test_out_of_memory(py):
     assert out["num_ooms"] == "2"
 
 
+# The first call of a signature runs the CPU kernel synchronously; what it
+# allocates is device memory, so a result the device cannot hold is refused
+# when the kernel allocates it, before it computes anything (issue 27). Peak
+# host memory tells: a result computed on the host first would add its size.
+FIRST_CALL_OOM = """
+import resource, sys, torch
+def peak_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+n = int(sys.argv[1])
+a = torch.randn(n, device="openreg")
+i = torch.arange(n, device="openreg")
+before = peak_mb()
+held = torch.openreg.memory_allocated()
+for name, fn in [
+    ("outer", lambda: torch.outer(a, a)),
+    ("broadcast add", lambda: a[:, None] + a[None, :]),
+    ("broadcast or", lambda: i[:, None] | i[None, :]),
+]:
+    try:
+        fn()
+        print(name, "no error")
+    except torch.OutOfMemoryError as e:
+        print(name, "oom", "Tried to allocate" in str(e))
+print("growth", peak_mb() - before)
+print("allocated", torch.openreg.memory_allocated() == held)
+b = torch.randn(1000, device="openreg")  # the device still computes
+print("after", torch.allclose(torch.outer(b, b).cpu(), torch.outer(b.cpu(), b.cpu())))
+"""
+
+
+@pytest.mark.parametrize(
+    "memory,n", [("256M", 12_000), (None, 40_000)], ids=["256M device", "default device"]
+)
+def test_first_call_out_of_memory_before_host_work(py, memory, n):
+    env = {"OPENREG_DEVICE_MEMORY": memory} if memory else {}
+    proc = py(FIRST_CALL_OOM, args=[n], **env)
+    assert proc.returncode == 0, describe(proc)
+    out = dict(line.rsplit(" ", 1) for line in proc.stdout.splitlines())
+    for name in ("outer oom", "broadcast add oom", "broadcast or oom"):
+        assert out[name] == "True", describe(proc)
+    # The results are 550 MB (n = 12,000) and 6.4 GB (n = 40,000) of floats.
+    assert int(out["growth"]) < 100, describe(proc)
+    assert out["allocated"] == "True" and out["after"] == "True", describe(proc)
+
+
+def test_first_call_result_is_computed_in_device_memory(py):
+    # A 36 MB result of a first call: equal to the CPU's, in device memory
+    # without a second copy of it on the device.
+    proc = py(
+        """
+        import torch
+        a = torch.randn(3000)
+        d = a.to("openreg")
+        torch.openreg.reset_peak_memory_stats()
+        base = torch.openreg.memory_allocated()
+        r = torch.outer(d, d)
+        peak = torch.openreg.max_memory_allocated() - base
+        print(torch.equal(r.cpu(), torch.outer(a, a)), peak <= r.nbytes + 2**20)
+        """
+    )
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.split() == ["True", "True"], describe(proc)
+
+
 def test_bad_device_memory_environment(py):
     proc = py(
         """

@@ -4,6 +4,7 @@
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/Stream.h>
 
 #include <optional>
 #include <vector>
@@ -15,6 +16,15 @@ namespace openreg {
 // and current stream. See OpenRegDeviceCache.h for the cache and
 // OpenRegAllocatorPolicy.h for the sizes and PYTORCH_ALLOC_CONF options.
 c10::DeviceAllocator* device_allocator();
+
+// A block of the caching allocator for use on `stream` (any thread may ask;
+// nbytes > 0): what device_allocator() gives on a thread whose current
+// stream is `stream`.
+c10::DataPtr allocate_device_memory(size_t nbytes, c10::Stream stream);
+// The same, but an empty DataPtr, at once, when it would need more than the
+// free cached blocks and the free device memory (no cache is freed, nothing
+// is counted).
+c10::DataPtr try_allocate_device_memory(size_t nbytes, c10::Stream stream);
 
 // Caps what the caching allocator may reserve on `device` to fraction *
 // capacity (torch.openreg.set_per_process_memory_fraction).

@@ -65,17 +65,32 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
     const c10::DeviceIndex device = current_device();
-    const c10::Device dev(c10::DeviceType::PrivateUse1, device);
     if (nbytes == 0) {
-      return {nullptr, nullptr, &delete_block, dev};
+      return {nullptr, nullptr, &delete_block,
+              c10::Device(c10::DeviceType::PrivateUse1, device)};
     }
-    const c10::StreamId stream = getCurrentStream(device).id();
-    Block* block = cache(device).malloc(nbytes, stream, ipc_blocks_pending());
-    if (block == nullptr) {
+    return allocate_on(nbytes, device, getCurrentStream(device).id());
+  }
+
+  // A block for use on stream `stream` of `device` (nbytes > 0). With
+  // `may_fail`, an empty DataPtr when the device is full (nothing freed).
+  c10::DataPtr allocate_on(size_t nbytes, c10::DeviceIndex device,
+                           c10::StreamId stream, bool may_fail = false) {
+    using WhenFull = DeviceCache::WhenFull;
+    const c10::Device dev(c10::DeviceType::PrivateUse1, device);
+    Block* block =
+        cache(device).malloc(nbytes, stream,
+                             may_fail               ? WhenFull::kGiveUp
+                             : ipc_blocks_pending() ? WhenFull::kDefer
+                                                    : WhenFull::kRaise);
+    if (block == nullptr && !may_fail) {
       // Blocks shared with other processes wait for their receivers: free
       // those that are done and retry once, as CUDA's allocator does.
       ipc_collect();
-      block = cache(device).malloc(nbytes, stream, false);
+      block = cache(device).malloc(nbytes, stream, WhenFull::kRaise);
+    }
+    if (block == nullptr) {
+      return {nullptr, dev};
     }
     blocks_.insert(block->ptr, block);
     return {block->ptr, block->ptr, &delete_block, dev};
@@ -200,6 +215,19 @@ void OpenRegCachingAllocator::delete_block(void* ptr) {
 }  // namespace
 
 c10::DeviceAllocator* device_allocator() { return &g_allocator; }
+
+c10::DataPtr allocate_device_memory(size_t nbytes, c10::Stream stream) {
+  TORCH_INTERNAL_ASSERT(nbytes > 0 &&
+                        stream.device_type() == c10::DeviceType::PrivateUse1);
+  return g_allocator.allocate_on(nbytes, stream.device_index(), stream.id());
+}
+
+c10::DataPtr try_allocate_device_memory(size_t nbytes, c10::Stream stream) {
+  TORCH_INTERNAL_ASSERT(nbytes > 0 &&
+                        stream.device_type() == c10::DeviceType::PrivateUse1);
+  return g_allocator.allocate_on(nbytes, stream.device_index(), stream.id(),
+                                 /*may_fail=*/true);
+}
 
 std::optional<DeviceBlockExtent> find_device_block(const void* p,
                                                    c10::DeviceIndex device) {

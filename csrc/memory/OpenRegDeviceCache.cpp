@@ -61,7 +61,7 @@ bool BlockOrder::operator()(const Block* a, const Block* b) const {
 }
 
 Block* DeviceCache::malloc(size_t orig_size, c10::StreamId stream,
-                           bool may_defer_oom) {
+                           WhenFull when_full) {
   std::lock_guard<std::mutex> lock(mutex_);
   process_events();
   const size_t size = round_size(orig_size);
@@ -78,7 +78,7 @@ Block* DeviceCache::malloc(size_t orig_size, c10::StreamId stream,
       if (gc_enabled()) {
         garbage_collect();
       }
-      block = new_segment(pool, stream, size, orig_size, may_defer_oom);
+      block = new_segment(pool, stream, size, orig_size, when_full);
       if (block == nullptr) {
         return nullptr;
       }
@@ -223,13 +223,16 @@ Block* DeviceCache::take_free_block(BlockPool& pool, c10::StreamId stream,
 // Allocates a new segment from the runtime. When the device (or the
 // per-process fraction) refuses, frees cached oversize blocks and retries,
 // then frees the whole cache and retries, then raises
-// torch.OutOfMemoryError (or, with may_defer_oom, returns nullptr).
+// torch.OutOfMemoryError (or returns nullptr, as `when_full` says).
 Block* DeviceCache::new_segment(BlockPool& pool, c10::StreamId stream,
                                 size_t size, size_t orig_size,
-                                bool may_defer_oom) {
+                                WhenFull when_full) {
   const size_t alloc_size = segment_size(size);
   void* ptr = nullptr;
   orError_t err = try_malloc(alloc_size, &ptr);
+  if (err == orErrorMemoryAllocation && when_full == WhenFull::kGiveUp) {
+    return nullptr;
+  }
   if (err == orErrorMemoryAllocation &&
       release_oversize_blocks(pool, stream, size)) {
     err = try_malloc(alloc_size, &ptr);
@@ -239,7 +242,7 @@ Block* DeviceCache::new_segment(BlockPool& pool, c10::StreamId stream,
     ++stats_.num_alloc_retries;
     err = try_malloc(alloc_size, &ptr);
   }
-  if (err == orErrorMemoryAllocation && may_defer_oom) {
+  if (err == orErrorMemoryAllocation && when_full == WhenFull::kDefer) {
     return nullptr;
   }
   if (err == orErrorMemoryAllocation) {

@@ -92,10 +92,15 @@ class DeviceCache {
   DeviceCache(const DeviceCache&) = delete;
   DeviceCache& operator=(const DeviceCache&) = delete;
 
-  // A block of at least `size` bytes for use on `stream`. With
-  // `may_defer_oom`, returns nullptr instead of raising out of memory (the
-  // caller collects blocks held for other processes and retries).
-  Block* malloc(size_t size, c10::StreamId stream, bool may_defer_oom);
+  // What malloc does when the device is full.
+  enum class WhenFull {
+    kRaise,   // free the cache, retry, raise torch.OutOfMemoryError
+    kDefer,   // the same, but return nullptr instead of raising (the caller
+              // collects blocks held for other processes and retries)
+    kGiveUp,  // return nullptr at once: no cache freed, nothing counted
+  };
+  // A block of at least `size` bytes for use on `stream`.
+  Block* malloc(size_t size, c10::StreamId stream, WhenFull when_full);
   // Returns an allocated block (after the events of its other streams).
   void free(Block* block);
   void record_stream(Block* block, c10::StreamId stream);
@@ -123,7 +128,7 @@ class DeviceCache {
   void pool_erase(Block* b);
   Block* take_free_block(BlockPool& pool, c10::StreamId stream, size_t size);
   Block* new_segment(BlockPool& pool, c10::StreamId stream, size_t size,
-                     size_t orig_size, bool may_defer_oom);
+                     size_t orig_size, WhenFull when_full);
   bool gc_enabled() const;
   void garbage_collect();
   bool release_oversize_blocks(BlockPool& pool, c10::StreamId stream,

@@ -8,6 +8,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 #include <c10/util/flat_hash_map.h>
+#include <openreg.h>
 #include <pthread.h>
 
 #include <cstring>
@@ -15,11 +16,18 @@
 #include <utility>
 #include <vector>
 
+#include "core/OpenRegException.h"
+#include "memory/OpenRegAllocator.h"
+
 namespace openreg {
 
 namespace {
 
 thread_local bool t_scratch = false;
+// The stream of the KernelMemoryOnDevice scope alive on this thread, and
+// the most bytes an allocation the device refuses may take on the host.
+thread_local std::optional<c10::Stream> t_device_stream;
+thread_local size_t t_spill_limit = 0;
 
 // Smaller temporaries are cheap for the C library (no mmap).
 constexpr size_t kMinBytes = size_t{64} << 10;
@@ -32,6 +40,18 @@ class ScratchAllocator final : public c10::Allocator {
   explicit ScratchAllocator(c10::Allocator* fallback) : fallback_(fallback) {}
 
   c10::DataPtr allocate(size_t nbytes) override {
+    if (nbytes >= kMinBytes && t_device_stream.has_value()) {
+      if (c10::DataPtr p = on_device(nbytes, *t_device_stream)) {
+        return p;
+      }
+      if (nbytes > t_spill_limit) {
+        // Only a result can be this large: refused as the device refuses
+        // it (the message has the numbers of the failed allocation).
+        (void)allocate_device_memory(nbytes, *t_device_stream);
+      }
+      // Perhaps a temporary the CPU kernel needs and a device kernel would
+      // not: host memory, like the temporaries of queued kernels.
+    }
     if (!t_scratch || nbytes < kMinBytes) {
       return fallback_->allocate(nbytes);
     }
@@ -68,6 +88,17 @@ class ScratchAllocator final : public c10::Allocator {
     return cached_;
   }
 
+  // The device memory behind kernel address p, handed to the caller.
+  c10::DataPtr take_device(const void* p) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = device_.find(const_cast<void*>(p));
+    if (it == device_.end()) {
+      return {};
+    }
+    // The entry stays, empty, until the CPU storage frees p.
+    return std::move(it->second);
+  }
+
   // A forked child inherits the mutex as it was: the fork holds it.
   void lock_for_fork() { mutex_.lock(); }
   void unlock_after_fork() { mutex_.unlock(); }
@@ -93,9 +124,32 @@ class ScratchAllocator final : public c10::Allocator {
     return p;
   }
 
-  // Takes p back if it is a block of this cache.
+  // Device memory for a kernel's allocation, at its kernel address (data
+  // and context alike, as raw_allocate requires); empty if the device cannot
+  // hold it.
+  c10::DataPtr on_device(size_t nbytes, c10::Stream stream) {
+    c10::DataPtr memory = try_allocate_device_memory(nbytes, stream);
+    if (!memory) {
+      return {};
+    }
+    void* p = nullptr;
+    OPENREG_CHECK(orGetKernelPointer(&p, memory.get()));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      device_.emplace(p, std::move(memory));
+    }
+    return {p, p, &free_block, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  // Takes p back if it is a block of this cache or device memory it gave.
   bool give(void* p) noexcept {
     std::unique_lock<std::mutex> lock(mutex_);
+    if (auto d = device_.find(p); d != device_.end()) {
+      c10::DataPtr memory = std::move(d->second);
+      device_.erase(d);
+      lock.unlock();
+      return true;  // `memory` returns to the caching allocator, if still ours
+    }
     auto it = live_.find(p);
     if (it == live_.end()) {
       return false;
@@ -129,7 +183,9 @@ class ScratchAllocator final : public c10::Allocator {
   std::mutex mutex_;                        // guards the members below
   ska::flat_hash_map<void*, size_t> live_;  // blocks in use, by address
   ska::flat_hash_map<size_t, std::vector<void*>> free_;  // reusable, by size
-  size_t cached_ = 0;                                    // bytes in free_
+  // Device memory given to kernels, by kernel address (empty once taken).
+  ska::flat_hash_map<void*, c10::DataPtr> device_;
+  size_t cached_ = 0;  // bytes in free_
 };
 // [/doc:kernel-scratch]
 
@@ -158,6 +214,28 @@ KernelScratchScope::KernelScratchScope() : previous_(t_scratch) {
 }
 
 KernelScratchScope::~KernelScratchScope() { t_scratch = previous_; }
+
+KernelMemoryOnDevice::KernelMemoryOnDevice(c10::Stream stream,
+                                           size_t spill_limit)
+    : previous_stream_(t_device_stream), previous_limit_(t_spill_limit) {
+  TORCH_INTERNAL_ASSERT(stream.device_type() == c10::DeviceType::PrivateUse1);
+  if (g_installed && c10::GetCPUAllocator() == ScratchAllocator::instance) {
+    t_device_stream = stream;
+    t_spill_limit = spill_limit * kSpillFactor;
+  }
+}
+
+KernelMemoryOnDevice::~KernelMemoryOnDevice() {
+  t_device_stream = previous_stream_;
+  t_spill_limit = previous_limit_;
+}
+
+c10::DataPtr take_device_memory(const c10::Storage& cpu) {
+  if (!g_installed || !cpu.device().is_cpu() || cpu.data() == nullptr) {
+    return {};
+  }
+  return ScratchAllocator::instance->take_device(cpu.data());
+}
 
 void release_kernel_scratch() noexcept {
   if (g_installed) {
