@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import warnings
 
 # Environment settings that change what the tests see, besides OPENREG_*.
 _SETTINGS = ("TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
@@ -232,3 +233,43 @@ def check_against_cpu(fn, *args, device=DEVICE, compare_kwargs=None, **kwargs):
     assert_on_device(actual, device)
     assert_close_cpu(actual, expected, **(compare_kwargs or {}))
     return actual
+
+
+# ---------------------------------------------------------------------------
+# Comparing what a user sees: outcome, value or message, warnings
+
+
+def observe(fn, device):
+    """``((kind, value or first line of the message), warning messages)`` of fn(device).
+
+    kind is "ok" or the exception's type; tensors in the value are moved to
+    the CPU after the device synchronized, so a deferred kernel error counts
+    as the call's.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            value = tree_map(lambda t: t.cpu(), fn(device))
+            if device != "cpu":
+                torch.openreg.synchronize()
+            outcome = ("ok", value)
+        except Exception as e:  # noqa: BLE001  (the type is what is compared)
+            outcome = (type(e), str(e).split("\n")[0])
+    return outcome, [str(w.message) for w in caught]
+
+
+def assert_same_observation(cpu, dev, device=DEVICE, exact=False):
+    """Two ``observe`` results agree: the same outcome type; close values of
+    the same dtypes (equal bits with ``exact``) or the same message; the same
+    warnings. Device names are replaced by "cpu" before comparing."""
+    (kind_cpu, val_cpu), warn_cpu = cpu
+    (kind_dev, val_dev), warn_dev = dev
+    assert kind_dev == kind_cpu, (val_cpu, val_dev)
+    if kind_cpu == "ok" and tensors_in(val_cpu):
+        tolerance = {"rtol": 0, "atol": 0} if exact else {}
+        torch.testing.assert_close(val_dev, val_cpu, equal_nan=True, **tolerance)
+    elif kind_cpu == "ok":
+        assert val_dev == val_cpu
+    else:
+        assert val_dev.replace(device, "cpu") == val_cpu, (val_cpu, val_dev)
+    assert [w.replace(device, "cpu") for w in warn_dev] == warn_cpu, (warn_cpu, warn_dev)

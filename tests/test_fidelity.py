@@ -11,41 +11,14 @@ import warnings
 
 import pytest
 import torch
+from conftest import assert_same_observation, observe
 
 D = "openreg"
 
 
-def _observe(fn, device):
-    """(outcome, value or message, warning messages) of fn(device)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            value = fn(device)
-            if isinstance(value, torch.Tensor):
-                value = value.cpu()
-            if device != "cpu":
-                torch.openreg.synchronize()
-            outcome = ("ok", value)
-        except Exception as e:  # noqa: BLE001  (the type is what is compared)
-            outcome = (type(e), str(e).split("\n")[0])
-    return outcome, [str(w.message) for w in caught]
-
-
 def _same_as_cpu(fn, *, repeat=2):
     for _ in range(repeat):
-        (kind_cpu, val_cpu), warn_cpu = _observe(fn, "cpu")
-        (kind_dev, val_dev), warn_dev = _observe(fn, D)
-        assert kind_dev == kind_cpu, (val_cpu, val_dev)
-        if kind_cpu == "ok":
-            if isinstance(val_cpu, torch.Tensor):
-                torch.testing.assert_close(val_dev, val_cpu, equal_nan=True)
-            else:
-                assert val_dev == val_cpu
-        else:
-            # The message's substance: PyTorch's text, device names aside.
-            assert val_dev.replace(D, "cpu") == val_cpu, (val_cpu, val_dev)
-        assert len(warn_dev) == len(warn_cpu), (warn_cpu, warn_dev)
-        assert [w.replace(D, "cpu") for w in warn_dev] == warn_cpu
+        assert_same_observation(observe(fn, "cpu"), observe(fn, D), D)
 
 
 # --- argument errors at the call ------------------------------------------

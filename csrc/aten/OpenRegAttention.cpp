@@ -236,11 +236,14 @@ fused_attention_backward(
     const at::Tensor& /*cum_seq_k*/, int64_t /*max_q*/, int64_t /*max_k*/,
     double dropout_p, bool is_causal, const at::Tensor& /*philox_seed*/,
     const at::Tensor& /*philox_offset*/, std::optional<double> scale) {
+  if (!grad_out.defined()) {
+    // No gradient flows back (the CPU's flash backward answers the same).
+    return {};
+  }
   const c10::Device device = query.device();
   const c10::DeviceGuard guard(device);
   const bool has_mask = attn_bias.defined();
-  if (grad_out.defined() &&
-      flash_accepts(
+  if (flash_accepts(
           query, key, value,
           has_mask ? std::optional<at::Tensor>(attn_bias) : std::nullopt,
           dropout_p)) {

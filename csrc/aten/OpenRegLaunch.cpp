@@ -16,13 +16,10 @@
 #include <ATen/TensorIterator.h>
 #include <ATen/ThreadLocalState.h>
 #include <c10/util/Exception.h>
-#include <fcntl.h>
 #include <omp.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -30,8 +27,8 @@
 #include <mutex>
 #include <utility>
 
-#include "aten/OpenRegFreeList.h"
 #include "core/OpenRegException.h"
+#include "core/OpenRegKernelTask.h"
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
 #include "memory/OpenRegKernelScratch.h"
@@ -41,60 +38,9 @@ namespace openreg {
 
 namespace {
 
-// True on a stream's worker while it runs a kernel of this file.
-thread_local bool t_on_worker = false;
-
-struct OnWorker {
-  OnWorker() { t_on_worker = true; }
-  ~OnWorker() { t_on_worker = false; }
-  OnWorker(const OnWorker&) = delete;
-  OnWorker& operator=(const OnWorker&) = delete;
-};
-
-struct KernelTask {
-  KernelBody kernel;
-  std::string op;
-  orStream_t stream = nullptr;
-  int threads = 0;  // most threads its parallel regions may use (see below)
-  KernelTask* next = nullptr;  // in the finished list or a free list
-};
-
-// [doc:task-reclaim]
-// Where a launch's state is freed. The host makes a kernel's closure (its
-// captures, their vectors, the tensors it borrows) and the worker runs it; if
-// the worker also freed it, every launch would free on one thread what the
-// other allocated, and the C library's allocator would hand that memory back to
-// the allocating thread's arena under a lock both threads then take for every
-// allocation (the tiny-op loop spent a fifth of its time in that lock). So the
-// worker only runs a task and hands it back on `g_finished`; the next launch
-// (or synchronization) on the host takes the whole list, destroys the closures
-// there and keeps the task objects for reuse. Captures therefore live until the
-// host's next launch or synchronization after the kernel ran: none of them owns
-// device memory (kernels borrow it, see borrowed_alias), so no block stays
-// allocated.
-std::atomic<KernelTask*> g_finished{nullptr};
-
-void hand_back(KernelTask* task) {
-  KernelTask* head = g_finished.load(std::memory_order_relaxed);
-  do {
-    task->next = head;
-  } while (!g_finished.compare_exchange_weak(
-      head, task, std::memory_order_release, std::memory_order_relaxed));
-}
-
-// The task objects a host thread may reuse.
-using TaskPool = FreeList<KernelTask>;
-
-TaskPool& task_pool() {
-  thread_local TaskPool pool;
-  return pool;
-}
-// [/doc:task-reclaim]
-
 // [doc:worker-threads]
 // SIMULATOR ONLY: how many threads a kernel's parallel regions use on the
-// worker, which shares the machine's cores with the host and with every
-// other program.
+// worker, which shares the machine's cores with the host.
 //
 // The host thread keeps dispatching while the worker runs, so a small
 // kernel opening an OpenMP team would take the host's core for a team
@@ -102,41 +48,43 @@ TaskPool& task_pool() {
 // worker for it, each preempted by the other (a dispatch-bound training
 // step ran 1.6x slower that way). Kernels on small tensors, whose work would
 // not fill two threads anyway (ATen's parallel_for does not split below
-// GRAIN_SIZE elements), run on the worker alone.
+// GRAIN_SIZE elements), run on the worker alone. Larger kernels get the
+// intra-op threads of the thread that launched them (at::get_num_threads()
+// there, read at the launch: torch.set_num_threads limits the device's
+// kernels as it limits CPU ones; the worker's own OpenMP setting would
+// ignore it).
 //
-// Larger kernels get the intra-op threads of the thread that launched them
-// (at::get_num_threads() there, read at the launch: torch.set_num_threads
-// limits the device's kernels as it limits CPU ones; the worker's own
-// OpenMP setting would ignore it), less one for each thread that other
-// programs keep runnable beyond what openreg itself may have running (the
-// worker, its team, the host): on a machine whose cores
-// are all taken, a team waits at every barrier for a member the scheduler
-// has preempted, and runs slower than the worker alone (an MLP step with
-// two spinning processes beside it: 7.8 ms with teams, 2.7 ms without).
-// The count of runnable threads is the kernel's own (/proc/loadavg), read
-// at most once a millisecond.
+// The count depends only on that setting and on the sizes of the call's
+// tensor arguments, never on whether the call is queued or the first of its
+// signature (which runs synchronously), nor on what else runs on the
+// machine: some CPU kernels split a reduction into one partial sum per
+// thread (layer_norm's backward, the sums of a TensorIterator), so the team
+// size decides the bits of the result, and identical calls must give
+// identical bits, as they do on the CPU for a fixed thread count. (Earlier
+// the team shrank while other programs kept the machine busy; with two
+// spinning processes beside it an MLP step takes longer with a full team,
+// which benchmarks/README.md quantifies, but a result that changes with the
+// machine's load is a wrong result.)
 //
 // Only the thread count changes: initialising ATen's threading state on the
 // worker from here (at::internal::lazy_init_num_threads) made convolutions
 // on the worker twice as slow (conv2d 64 ch 56x56: 0.61 -> 1.29 ms).
 //
-// The host's half, at the launch: the most threads a kernel on tensors of
-// `elements` (-1: unknown) may use.
+// The host's half, at the launch: the most threads a kernel whose largest
+// tensor argument has `elements` elements (-1: unknown) may use.
 int thread_cap(int64_t elements) {
   return elements >= 0 && elements < at::internal::GRAIN_SIZE
              ? 1
              : at::get_num_threads();
 }
 
-// The worker's half, around the kernel: at most `cap` threads, fewer on a
-// busy machine.
+// The worker's half, around the kernel: exactly `cap` threads.
 class WorkerThreads {
  public:
   explicit WorkerThreads(int cap) {
     const int max = omp_get_max_threads();
-    const int limit = std::min(max, cap);
-    const int want = limit <= 1 ? 1 : threads_left_by_others(limit);
-    if (want < max) {
+    const int want = std::max(1, cap);
+    if (want != max) {
       previous_ = max;
       omp_set_num_threads(want);
     }
@@ -150,45 +98,6 @@ class WorkerThreads {
   WorkerThreads& operator=(const WorkerThreads&) = delete;
 
  private:
-  // Threads runnable on the whole machine now, or -1 if unknown.
-  static int runnable_threads() {
-    static const int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      return -1;
-    }
-    char buf[128];
-    const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
-    if (n <= 0) {
-      return -1;
-    }
-    buf[n] = '\0';
-    // "0.50 0.40 0.30 3/120 4567": the fourth field's numerator.
-    const char* p = buf;
-    for (int field = 0; field < 3 && p != nullptr; ++field) {
-      p = std::strchr(p, ' ');
-      p = p != nullptr ? p + 1 : nullptr;
-    }
-    return p != nullptr ? std::atoi(p) : -1;
-  }
-
-  // `max` less the threads other programs keep runnable (see above).
-  static int threads_left_by_others(int max) {
-    using Clock = std::chrono::steady_clock;
-    thread_local Clock::time_point checked;
-    thread_local int others = -1;
-    thread_local int team = 0;  // the count this worker last gave
-    const Clock::time_point now = Clock::now();
-    if (others < 0 || now - checked > std::chrono::milliseconds(1)) {
-      checked = now;
-      const int runnable = runnable_threads();
-      // Ours at most: this worker, the team it last had, the host thread.
-      const int ours = (team > 0 ? team : max) + 1;
-      others = runnable < 0 ? 0 : std::max(0, runnable - ours);
-    }
-    team = std::max(1, max - others);
-    return team;
-  }
-
   int previous_ = 0;
 };
 // [/doc:worker-threads]
@@ -210,7 +119,7 @@ int run_task(void* data) {
   auto* task = static_cast<KernelTask*>(data);
   int status = 1;
   {
-    const OnWorker on_worker;
+    const WorkerScope on_worker(task->stream);
     const KernelScratchScope scratch;
     const WorkerThreads threads(task->threads);
     DeferWarnings defer(task->stream);
@@ -237,11 +146,12 @@ struct SyncCall {
   at::ThreadLocalState state;
   c10::WarningHandler* warnings;
   std::exception_ptr error;
+  orStream_t stream;
 };
 
 int run_sync_call(void* data) {
   auto* call = static_cast<SyncCall*>(data);
-  const OnWorker on_worker;
+  const WorkerScope on_worker(call->stream);
   const KernelScratchScope scratch;
   const WorkerThreads threads(call->threads);
   const at::ThreadLocalStateGuard state(call->state);
@@ -257,8 +167,9 @@ int run_sync_call(void* data) {
 }  // namespace
 
 // [doc:run-sync]
-void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel) {
-  if (t_on_worker) {
+void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
+              int64_t elements) {
+  if (worker_stream() != nullptr) {
     // Already on a worker, in stream order: waiting for the stream here
     // would wait for this very call.
     kernel();
@@ -267,8 +178,12 @@ void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel) {
   OpenRegStream stream = getCurrentStream(device);
   stream.synchronize();
   const profiler::InlineKernel trace(device);
-  SyncCall call{kernel, thread_cap(-1), at::ThreadLocalState(),
-                c10::WarningUtils::get_warning_handler(), nullptr};
+  SyncCall call{kernel,
+                thread_cap(elements),
+                at::ThreadLocalState(),
+                c10::WarningUtils::get_warning_handler(),
+                nullptr,
+                stream.native()};
   orLaunchAttributes attrs{};
   attrs.hostThreads = call.threads;
   OPENREG_CHECK(
@@ -293,12 +208,12 @@ void launch_async(c10::DeviceIndex device, const std::string& op,
                   KernelBody kernel, int64_t elements) {
   OpenRegStream stream = getCurrentStream(device);
   if (launch_blocking()) {
-    run_sync(device, kernel);
+    run_sync(device, kernel, elements);
     return;
   }
   reclaim_finished_tasks();
   const profiler::QueuedKernel trace(stream.unwrap(), op, kernel);
-  KernelTask* task = task_pool().take();
+  KernelTask* task = take_task();
   task->kernel = std::move(kernel);
   task->op.assign(op);  // reuses the pooled task's buffer
   task->stream = stream.native();
@@ -309,24 +224,11 @@ void launch_async(c10::DeviceIndex device, const std::string& op,
   attrs.hostThreads = task->threads;
   orError_t err = orLaunchKernelEx(task->stream, &run_task, task, &attrs);
   if (err != orSuccess) {
-    task->kernel = nullptr;
-    task_pool().give(task);
+    give_back_unlaunched(task);
     OPENREG_CHECK(err);
   }
 }
 
-void reclaim_finished_tasks() {
-  if (g_finished.load(std::memory_order_relaxed) == nullptr) {
-    return;
-  }
-  KernelTask* list = g_finished.exchange(nullptr, std::memory_order_acquire);
-  TaskPool& pool = task_pool();
-  while (list != nullptr) {
-    KernelTask* task = std::exchange(list, list->next);
-    task->kernel = nullptr;  // the captures go here, on the host
-    pool.give(task);
-  }
-}
 // [/doc:launch-async]
 
 }  // namespace openreg

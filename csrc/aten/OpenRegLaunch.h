@@ -8,9 +8,11 @@
 // (core/OpenRegKernelBody.h): move-only, kept inline when small. `op` names it
 // if it throws; the error is raised at the next synchronization
 // (OpenRegSynchronize.h). `elements`, when known (>= 0), is the size of the
-// largest tensor the kernel reads or writes: a small kernel runs on the worker
-// thread alone, without an OpenMP team (OpenRegLaunch.cpp, WorkerThreads). With
-// OPENREG_LAUNCH_BLOCKING=1 every launch runs at once and waits.
+// largest tensor argument of the call: a small kernel runs on the worker
+// thread alone, without an OpenMP team (OpenRegLaunch.cpp, WorkerThreads); a
+// kernel's team size depends only on it and on torch.get_num_threads(), so
+// identical calls give identical bits. With OPENREG_LAUNCH_BLOCKING=1 every
+// launch runs at once and waits.
 //
 // run_sync() is for work whose result the host needs now (ops whose output
 // shape depends on the data, the first run of an op signature): it waits for
@@ -19,7 +21,9 @@
 // modes, warning handler), waits for it and rethrows what it threw. The host
 // thread never computes: a CPU kernel run on a host thread other than the
 // main one would give that thread an OpenMP pool of its own, which slows
-// every CPU kernel of the process (see docs/runtime.md).
+// every CPU kernel of the process (see docs/runtime.md). `elements` as for
+// launch_async: a call that may also be queued passes the same value on both
+// paths.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -35,12 +39,8 @@ namespace openreg {
 void launch_async(c10::DeviceIndex device, const std::string& op,
                   KernelBody kernel, int64_t elements = -1);
 
-// Destroys, on the calling thread, the closures of kernels that have run
-// (see OpenRegLaunch.cpp, "task-reclaim"). launch_async and every host
-// synchronization call it; cheap when there is nothing to reclaim.
-void reclaim_finished_tasks();
-
-void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel);
+void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
+              int64_t elements = -1);
 
 // True when OPENREG_LAUNCH_BLOCKING=1.
 bool launch_blocking();

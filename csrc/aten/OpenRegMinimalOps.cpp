@@ -1,8 +1,11 @@
 // The native kernels every backend needs: allocation, views, resizing, set_,
 // and reading a scalar back. Everything else reaches the device through the
 // copies (OpenRegCopy.cpp) and the fallback (OpenRegFallback.cpp).
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -31,6 +34,15 @@ void check_factory_args(std::optional<c10::Layout> layout,
               "in device memory");
 }
 
+// torch.use_deterministic_algorithms(True) with
+// torch.utils.deterministic.fill_uninitialized_memory (the default): new
+// memory is filled with NaN, or the largest integer, as on the CPU and CUDA.
+bool fill_uninitialized() {
+  const at::Context& ctx = at::globalContext();
+  return ctx.deterministicAlgorithms() &&
+         ctx.deterministicFillUninitializedMemory();
+}
+
 // [doc:empty]
 at::Tensor empty_memory_format(c10::IntArrayRef size,
                                std::optional<c10::ScalarType> dtype,
@@ -40,8 +52,13 @@ at::Tensor empty_memory_format(c10::IntArrayRef size,
                                std::optional<c10::MemoryFormat> memory_format) {
   check_factory_args(layout, pin_memory);
   const c10::OptionalDeviceGuard guard(device);
-  return at::detail::empty_generic(size, device_allocator(), kKeySet,
-                                   c10::dtype_or_default(dtype), memory_format);
+  at::Tensor t =
+      at::detail::empty_generic(size, device_allocator(), kKeySet,
+                                c10::dtype_or_default(dtype), memory_format);
+  if (C10_UNLIKELY(fill_uninitialized())) {
+    at::native::fill_empty_deterministic_(t);
+  }
+  return t;
 }
 // [/doc:empty]
 
@@ -52,8 +69,12 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<bool> pin_memory) {
   check_factory_args(layout, pin_memory);
   const c10::OptionalDeviceGuard guard(device);
-  return at::detail::empty_strided_generic(
+  at::Tensor t = at::detail::empty_strided_generic(
       size, stride, device_allocator(), kKeySet, c10::dtype_or_default(dtype));
+  if (C10_UNLIKELY(fill_uninitialized())) {
+    at::native::fill_empty_deterministic_(t);
+  }
+  return t;
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
@@ -62,7 +83,12 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
     TORCH_CHECK(s >= 0, "Trying to create tensor with negative dimension ", s,
                 ": ", size);
   }
+  const int64_t old_nbytes =
+      self.has_storage() ? static_cast<int64_t>(self.storage().nbytes()) : 0;
   resize_impl(self.unsafeGetTensorImpl(), size, std::nullopt);
+  if (C10_UNLIKELY(fill_uninitialized())) {
+    at::native::fill_resize_deterministic_(self, old_nbytes);
+  }
   if (memory_format.has_value() &&
       *memory_format != c10::MemoryFormat::Preserve) {
     self.unsafeGetTensorImpl()->empty_tensor_restride(*memory_format);

@@ -122,7 +122,7 @@ at::Tensor native_dropout_backward(const at::Tensor& grad,
                                    const at::Tensor& mask, double scale) {
   TORCH_CHECK(mask.scalar_type() == at::kBool,
               "Mask should be Bool Scalar Type", mask.scalar_type());
-  if (!fusable(grad) || mask.device() != grad.device() ||
+  if (!grad.defined() || !fusable(grad) || mask.device() != grad.device() ||
       !mask.is_non_overlapping_and_dense() || grad.sizes() != mask.sizes() ||
       grad.strides() != mask.strides() || grad.numel() == 0) {
     return at::mul(at::mul(grad, mask), scale);

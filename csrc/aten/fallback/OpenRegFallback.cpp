@@ -29,6 +29,7 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -43,6 +44,8 @@
 #include "aten/fallback/OpenRegLaunchPlan.h"
 #include "aten/fallback/OpenRegOpTraits.h"
 #include "aten/fallback/OpenRegQueuedCall.h"
+#include "memory/OpenRegAllocator.h"
+#include "memory/OpenRegKernelScratch.h"
 #include "memory/OpenRegMemcpy.h"
 #include "random/OpenRegGenerator.h"
 
@@ -79,6 +82,15 @@ c10::Device find_device(const OpTraits& traits,
         other = t.device();
       }
     });
+  }
+  if (device && (traits.policy & kAcceptsCpuTensors) != 0 &&
+      args.front().isTensor() && args.front().toTensor().defined()) {
+    // Indices may stay on the CPU, the indexed tensor may not.
+    const at::Tensor& self = args.front().toTensor();
+    TORCH_CHECK(is_openreg(self),
+                "indices should be either on cpu or on the same device "
+                "as the indexed tensor (",
+                self.device(), ")");
   }
   if (device) {
     TORCH_CHECK(!other || (other->is_cpu() &&
@@ -118,6 +130,20 @@ bool spans_devices(c10::ArrayRef<c10::IValue> args) {
   return spans;
 }
 
+// A resizable device storage over `memory`, device memory a kernel computed
+// into through its CPU storage `cpu` (of the same size).
+c10::Storage device_storage(c10::DataPtr memory, const c10::Storage& cpu) {
+  return c10::Storage(c10::Storage::use_byte_size_t(), cpu.nbytes(),
+                      std::move(memory), device_allocator(),
+                      /*resizable=*/true);
+}
+
+// Drops every warning (a second run whose warnings the first one raised).
+class DropWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
+};
+
 // Passes warnings on to the handler that was current, keeping a copy.
 class ForwardingRecorder : public c10::WarningHandler {
  public:
@@ -146,12 +172,17 @@ void sync_mutated(const at::Tensor& dev, const at::Tensor& view,
     TORCH_CHECK(storage->resizable(),
                 "Trying to resize storage that is not resizable");
     const c10::DeviceIndex device = dev.device().index();
-    storage->set_data_ptr_noswap(nbytes == 0
-                                     ? c10::DataPtr(nullptr, dev.device())
-                                     : storage->allocator()->allocate(nbytes));
-    storage->set_nbytes(nbytes);
-    memcpy_blocking(storage->mutable_data(), view.storage().data(), nbytes,
-                    orMemcpyHostToDevice, getCurrentStream(device));
+    if (c10::DataPtr memory = take_device_memory(view.storage())) {
+      storage->set_data_ptr_noswap(std::move(memory));  // no copy needed
+      storage->set_nbytes(nbytes);
+    } else {
+      storage->set_data_ptr_noswap(
+          nbytes == 0 ? c10::DataPtr(nullptr, dev.device())
+                      : storage->allocator()->allocate(nbytes));
+      storage->set_nbytes(nbytes);
+      memcpy_blocking(storage->mutable_data(), view.storage().data(), nbytes,
+                      orMemcpyHostToDevice, getCurrentStream(device));
+    }
   }
   if (dev.sizes() != view.sizes() || dev.strides() != view.strides() ||
       dev.storage_offset() != view.storage_offset()) {
@@ -217,22 +248,21 @@ bool out_variant_matches(const OpTraits& traits,
   for (const at::Tensor& o : outs) {
     where.push_back(o.const_data_ptr());
   }
-  // Its warnings were raised by the functional call already.
-  class Drop : public c10::WarningHandler {
-   public:
-    void process(const c10::Warning&) override {}
-  } drop;
+  DropWarnings drop;  // the functional call raised them already
   bool ok = true;
-  run_sync(device, [&] {
-    const c10::WarningUtils::WarningHandlerGuard guard(&drop);
-    try {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      traits.out_variant->redispatchBoxed(
-          c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
-    } catch (const std::exception&) {
-      ok = false;
-    }
-  });
+  run_sync(
+      device,
+      [&] {
+        const c10::WarningUtils::WarningHandlerGuard guard(&drop);
+        try {
+          at::AutoDispatchBelowADInplaceOrView below_autograd;
+          traits.out_variant->redispatchBoxed(
+              c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+        } catch (const std::exception&) {
+          ok = false;
+        }
+      },
+      call_elements(originals));
   for (size_t r = 0; ok && r < outs.size(); ++r) {
     const at::Tensor& o = outs[r];
     const at::Tensor& e = expected[r];
@@ -296,16 +326,33 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
   }
 
   const bool learn = decision.kind == LaunchDecision::kLearn;
+  // What the CPU kernel allocates is device memory of this stream: the
+  // results need no copy, and a result the device cannot hold raises out of
+  // memory before it is computed (KernelMemoryOnDevice, with the limit of
+  // what may spill to host memory instead).
+  const c10::Stream stream = getCurrentStream(device.index()).unwrap();
+  size_t largest_arg = 0;
+  for (const c10::IValue& v : originals) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (t.defined() && t.has_storage()) {
+        largest_arg = std::max(largest_arg, t.storage().nbytes());
+      }
+    });
+  }
   std::optional<ForwardingRecorder> recorder;
   std::optional<c10::WarningUtils::WarningHandlerGuard> recording;
   if (learn) {
     recorder.emplace();
     recording.emplace(&*recorder);
   }
-  run_sync(device.index(), [&] {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
-  });
+  run_sync(
+      device.index(),
+      [&] {
+        const KernelMemoryOnDevice on_device(stream, largest_arg);
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+      },
+      call_elements(originals));
   recording.reset();
 
   SyncRun run;
@@ -339,6 +386,10 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
     if (const c10::Storage* storage = views.device_storage_of(t)) {
       run.returned_view = true;
       return device_alias(*storage, t);  // a view of an input
+    }
+    if (c10::DataPtr memory = take_device_memory(t.storage())) {
+      // Computed in device memory already: the device tensor takes it.
+      return device_alias(device_storage(std::move(memory), t.storage()), t);
     }
     return copy_to_device(t, device);
   };

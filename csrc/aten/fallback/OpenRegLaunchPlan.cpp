@@ -1,6 +1,10 @@
 #include "aten/fallback/OpenRegLaunchPlan.h"
 
+#include <ATen/Context.h>
 #include <ATen/core/enum_tag.h>
+#include <c10/core/DefaultDtype.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/SmallVector.h>
 #include <c10/util/flat_hash_map.h>
 
@@ -186,6 +190,50 @@ class SignatureBuilder {
   c10::SmallVector<int64_t, 8> first_offsets_;
 };
 
+// [doc:launch-plan-settings]
+// The process-wide and thread-local settings that a CPU kernel reads on the
+// host side of a call: what it checks, what it warns about, or what its
+// results are. A plan is learnt under one combination of them and replayed
+// only under the same combination, so all of them are part of the key (a
+// change makes the next call of each signature run synchronously and learn
+// again):
+//  - the default dtype (torch.set_default_dtype): the result dtype of
+//    integer division, of an integer tensor and a float or complex Scalar;
+//  - deterministic algorithms, their warn_only flag and the filling of
+//    uninitialized memory (torch.use_deterministic_algorithms): a kernel
+//    without a deterministic implementation raises or warns at the call;
+//  - warn always (torch.set_warn_always): TORCH_WARN_ONCE warns every call;
+//  - grad mode and inference mode, which some kernels read;
+//  - the sparse invariant checks (torch.sparse.check_sparse_tensor_invariants);
+//  - the CPU backend switches a kernel reads to pick its algorithm
+//    (torch.backends.mkldnn.enabled and .deterministic, nnpack, the float32
+//    matmul precision, reduced-precision fp16 reductions).
+// The values a kernel computes are not part of a plan: the kernel reads
+// these settings when it runs. torch.set_flush_denormal sets the calling
+// CPU thread's floating-point mode; device kernels, which all run on the
+// stream workers (first calls included), ignore it, as CUDA's do.
+int64_t host_settings() {
+  const at::Context& ctx = at::globalContext();
+  int64_t word =
+      static_cast<int64_t>(c10::get_default_dtype_as_scalartype()) & 0xff;
+  int bit = 8;
+  auto put = [&](bool on) { word |= static_cast<int64_t>(on) << bit++; };
+  put(ctx.deterministicAlgorithms());
+  put(ctx.deterministicAlgorithmsWarnOnly());
+  put(ctx.deterministicFillUninitializedMemory());
+  put(c10::WarningUtils::get_warnAlways());
+  put(c10::GradMode::is_enabled());
+  put(c10::InferenceMode::is_enabled());
+  put(ctx.checkSparseTensorInvariants().value_or(false));
+  put(ctx.userEnabledMkldnn());
+  put(ctx.deterministicMkldnn());
+  put(ctx.userEnabledNNPACK());
+  put(ctx.allowFP16ReductionCPU());
+  word |= static_cast<int64_t>(ctx.float32MatmulPrecision()) << bit;
+  return word;
+}
+// [/doc:launch-plan-settings]
+
 uint64_t hash_key(const std::vector<int64_t>& key) {
   uint64_t h = 1469598103934665603ull;
   for (int64_t v : key) {
@@ -244,6 +292,13 @@ PlanCache& plan_cache() {
   return cache;
 }
 
+// The cache's mark of a signature whose first run warned: its next call
+// runs synchronously too and the plan is learnt from that one.
+const std::shared_ptr<const LaunchPlan>& relearn_mark() {
+  static const auto mark = std::make_shared<const LaunchPlan>();
+  return mark;
+}
+
 TensorSpec spec_of(const at::Tensor& t) {
   return {t.scalar_type(),
           {t.sizes().begin(), t.sizes().end()},
@@ -251,6 +306,18 @@ TensorSpec spec_of(const at::Tensor& t) {
 }
 
 }  // namespace
+
+int64_t call_elements(c10::ArrayRef<c10::IValue> args) {
+  int64_t elements = -1;
+  for (const c10::IValue& v : args) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
+      if (t.defined()) {
+        elements = std::max(elements, t.numel());
+      }
+    });
+  }
+  return elements;
+}
 
 // [doc:launch-plan]
 LaunchDecision plan_launch(const OpTraits& traits,
@@ -278,6 +345,7 @@ LaunchDecision plan_launch(const OpTraits& traits,
   thread_local std::vector<int64_t> key;
   key.clear();
   key.push_back(reinterpret_cast<int64_t>(&traits));
+  key.push_back(host_settings());
   SignatureBuilder builder(key);
   for (size_t i = 0; i < num_args; ++i) {
     builder.value(stack[first + i], traits.arg_keys[i]);
@@ -287,6 +355,10 @@ LaunchDecision plan_launch(const OpTraits& traits,
   if (known == nullptr) {
     d.kind = LaunchDecision::kLearn;  // first call: run it and learn
     d.key = key;
+  } else if (*known == relearn_mark()) {
+    d.kind = LaunchDecision::kLearn;
+    d.key = key;
+    d.relearn = true;
   } else if (*known != nullptr) {
     d.kind = LaunchDecision::kQueue;
     d.plan = *known;
@@ -299,6 +371,12 @@ void learn_launch(LaunchDecision decision, const OpTraits& traits,
                   c10::ArrayRef<c10::IValue> args,
                   c10::ArrayRef<c10::IValue> results, const SyncRun& run) {
   TORCH_INTERNAL_ASSERT(decision.kind == LaunchDecision::kLearn);
+  if (!run.warnings.empty() && !decision.relearn) {
+    // Which of these warnings the kernel gives at every call shows at the
+    // second call.
+    plan_cache().insert(std::move(decision.key), relearn_mark());
+    return;
+  }
   auto plan = std::make_shared<LaunchPlan>();
   bool queueable = !run.bits_changed && !run.returned_view;
   // Storages of the tensor arguments: resizing an out= argument at the call
@@ -307,15 +385,12 @@ void learn_launch(LaunchDecision decision, const OpTraits& traits,
   c10::SmallVector<const c10::StorageImpl*, 8> storages;
   for (const c10::IValue& v : args) {
     for_each_tensor(v, [&](const at::Tensor& t) {
-      if (!t.defined()) {
-        return;
-      }
-      if (t.has_storage()) {
+      if (t.defined() && t.has_storage()) {
         storages.push_back(t.storage().unsafeGetStorageImpl());
       }
-      plan->elements = std::max(plan->elements, t.numel());
     });
   }
+  plan->elements = call_elements(args);
   for (size_t i = 0; queueable && i < args.size(); ++i) {
     if (!traits.writes[i] || !args[i].isTensor()) {
       continue;
@@ -340,7 +415,6 @@ void learn_launch(LaunchDecision decision, const OpTraits& traits,
       if (t.defined()) {
         queueable = t.layout() == c10::kStrided && !t.is_conj() && !t.is_neg();
         out.tensors.push_back(spec_of(t));
-        plan->elements = std::max(plan->elements, t.numel());
       }
     } else if (v.isTensorList()) {
       out.is_list = true;
@@ -348,7 +422,6 @@ void learn_launch(LaunchDecision decision, const OpTraits& traits,
         queueable = queueable && t.defined() && !t.is_conj() && !t.is_neg();
         if (t.defined()) {
           out.tensors.push_back(spec_of(t));
-          plan->elements = std::max(plan->elements, t.numel());
         }
       }
     } else {

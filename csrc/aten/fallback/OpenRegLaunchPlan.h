@@ -5,9 +5,11 @@
 // dtype support), the results' metadata, the out= arguments' final shapes
 // and the warnings it raises. All of that depends only on the call's
 // signature (the operator and, per argument, its dtype, sizes, strides,
-// aliasing, or value), except for operators whose results' shapes depend on
-// the data, which PyTorch tags (dynamic_output_shape, data_dependent_output)
-// and which always run synchronously. So it is learnt once per signature:
+// aliasing, or value) and on the settings the CPU kernel reads at the call
+// (the default dtype, deterministic mode, ...: host_settings() in the .cpp),
+// except for operators whose results' shapes depend on the data, which
+// PyTorch tags (dynamic_output_shape, data_dependent_output) and which
+// always run synchronously. So it is learnt once per signature and settings:
 //
 //  - the first call of a signature runs synchronously: the CPU kernel raises
 //    its own errors and warnings at the call, exactly as on the CPU, and the
@@ -17,7 +19,10 @@
 //    arguments and allocates results, and only the CPU kernel goes to the
 //    stream;
 //  - a signature whose first run raised, returned a view of an input or a
-//    number, or flipped a conjugate bit stays synchronous.
+//    number, or flipped a conjugate bit stays synchronous;
+//  - a signature whose first run warned is learnt once more, from its second
+//    call: a warning the CPU kernel gives only once per process
+//    (TORCH_WARN_ONCE) is not given again then, and is not replayed.
 //
 // Only value-dependent errors (an index out of range) can then surface on
 // the device; they are raised at the next synchronization, naming the op.
@@ -61,10 +66,9 @@ struct LaunchPlan {
   // Warnings the call raises (the CPU kernel's, from the first call),
   // replayed at every call.
   std::vector<c10::Warning> warnings;
-  // Elements of the largest tensor the kernel reads or writes (arguments
-  // and new results): how much work it can split (launch_async's
-  // `elements`).
-  int64_t elements = 0;
+  // call_elements() of the call: how many threads the kernel may use
+  // (launch_async's `elements`), the same as on its first, synchronous run.
+  int64_t elements = -1;
   // The operator's out= variant writes the results in place (verified on the
   // first call for operators that are not pointwise; see OpTraits).
   bool into_results = false;
@@ -79,7 +83,14 @@ struct LaunchDecision {
   } kind = kSync;
   std::shared_ptr<const LaunchPlan> plan;
   std::vector<int64_t> key;  // kLearn: the signature
+  bool relearn = false;      // kLearn: the second run of a signature
 };
+
+// The elements of the largest tensor among a call's arguments (-1 if it
+// has none), which decides how many threads its kernel uses. The first,
+// synchronous run of a signature and its queued calls use the same value,
+// so that they split their work alike and give the same bits.
+int64_t call_elements(c10::ArrayRef<c10::IValue> args);
 
 // Decides how the call on top of `stack` runs.
 LaunchDecision plan_launch(const OpTraits& traits,

@@ -17,6 +17,10 @@ namespace {
 constexpr OpPolicyRow kPolicy[] = {
     {"aten::index", kAcceptsCpuTensors,
      "as on CUDA, index tensors may live on the CPU"},
+    {"aten::index.Tensor", kRouteToFallback,
+     "the generic kernel runs index's meta function (its checks and the "
+     "uint8-mask deprecation warning) and then index.out, whose CPU kernel "
+     "runs them again: the warning came twice"},
     {"aten::index_put_", kAcceptsCpuTensors,
      "as on CUDA, index tensors may live on the CPU"},
     {"aten::_index_put_impl_", kAcceptsCpuTensors,

@@ -14,11 +14,11 @@
 #include <utility>
 #include <vector>
 
-#include "aten/OpenRegFreeList.h"
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegResize.h"
 #include "aten/fallback/OpenRegCapture.h"
+#include "core/OpenRegFreeList.h"
 #include "memory/OpenRegAllocator.h"
 #include "random/OpenRegGenerator.h"
 
