@@ -281,3 +281,43 @@ def test_conv_channels_last_layouts_match_cpu(input_cl, weight_cl):
     for c, d in zip(results["cpu"], results["openreg"], strict=True):
         assert d.stride() == c.stride()
         torch.testing.assert_close(d.cpu(), c)
+
+
+# Every openreg backward kernel handles an undefined output gradient as the
+# CPU's does (gradcheck's check_undefined_grad; PyTorch's test_grad of
+# nn.Transformer failed on the fused attention's backward, issue 27).
+def _sdpa_masked(q, k, v):
+    mask = torch.zeros(3, 3, dtype=q.dtype, device=q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+UNDEFINED_GRAD_CASES = {
+    "sdpa": (F.scaled_dot_product_attention, [(1, 2, 3, 4)] * 3),
+    "sdpa causal": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        [(1, 2, 3, 4)] * 3,
+    ),
+    "sdpa masked": (_sdpa_masked, [(1, 2, 3, 4)] * 3),
+    "conv2d": (F.conv2d, [(1, 2, 5, 5), (3, 2, 3, 3)]),
+    "conv_transpose2d": (F.conv_transpose2d, [(1, 2, 4, 4), (2, 3, 3, 3)]),
+    "dropout in eval": (lambda x: F.dropout(x, 0.5, training=False), [(3, 4)]),
+    "lstm cell": (
+        lambda x, h, c, w1, w2: torch.lstm_cell(x, (h, c), w1, w2),
+        [(2, 3), (2, 4), (2, 4), (16, 3), (16, 4)],
+    ),
+    "gru cell": (
+        lambda x, h, w1, w2: torch.gru_cell(x, h, w1, w2),
+        [(2, 3), (2, 4), (12, 3), (12, 4)],
+    ),
+    "custom op": (lambda x: torch.ops.openreg.scaled_abs(x, 2.0), [(5,)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNDEFINED_GRAD_CASES))
+def test_backward_with_undefined_output_gradients(name):
+    fn, shapes = UNDEFINED_GRAD_CASES[name]
+    torch.manual_seed(0)
+    cpu = [torch.randn(s, dtype=torch.float64) + 0.1 for s in shapes]
+    for device in ("cpu", "openreg"):
+        args = [t.to(device).requires_grad_() for t in cpu]
+        assert torch.autograd.gradcheck(fn, args, check_undefined_grad=True, fast_mode=True)

@@ -237,3 +237,25 @@ def test_sparse_tensors_are_refused_clearly(make):
         warnings.simplefilter("ignore")
         with pytest.raises(NotImplementedError, match="openreg .*support.* (sparse|strided)"):
             make()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x, i: x[i],
+        lambda x, i: x.index_put_((i,), torch.ones(2, 3)),
+        lambda x, i: x.__setitem__(i, 1.0),
+    ],
+    ids=["index", "index_put_", "setitem"],
+)
+def test_cpu_tensor_indexed_with_device_indices_raises(call):
+    # As on CUDA: indices may stay on the CPU, the indexed tensor may not.
+    x = torch.zeros(4, 3)
+    with pytest.raises(
+        RuntimeError, match=r"indices should be either on cpu or on the same device"
+    ):
+        call(x, torch.tensor([0, 2], device=D))
+    assert torch.equal(x, torch.zeros(4, 3))
+    # Device tensor, CPU indices: accepted, as on CUDA.
+    y = torch.zeros(4, 3, device=D)
+    call(y, torch.tensor([0, 2]))

@@ -191,6 +191,83 @@ def test_dlpack_keeps_device_and_memory():
     assert torch.ones(2).__dlpack_device__() == (DLDeviceType.kDLCPU, 0)
 
 
+def _dlpack_capsule(address, shape, device_index=0):
+    """A legacy DLPack capsule ("dltensor") of float32 at a raw device address,
+    as a C library that hands out device memory would make it."""
+    import ctypes
+
+    class DLDevice(ctypes.Structure):
+        _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+    class DLDataType(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+    class DLTensor(ctypes.Structure):
+        _fields_ = [
+            ("data", ctypes.c_void_p),
+            ("device", DLDevice),
+            ("ndim", ctypes.c_int32),
+            ("dtype", DLDataType),
+            ("shape", ctypes.POINTER(ctypes.c_int64)),
+            ("strides", ctypes.POINTER(ctypes.c_int64)),
+            ("byte_offset", ctypes.c_uint64),
+        ]
+
+    class DLManagedTensor(ctypes.Structure):
+        _fields_ = [
+            ("dl_tensor", DLTensor),
+            ("manager_ctx", ctypes.c_void_p),
+            ("deleter", ctypes.c_void_p),
+        ]
+
+    sizes = (ctypes.c_int64 * len(shape))(*shape)
+    managed = DLManagedTensor()
+    managed.dl_tensor.data = address
+    managed.dl_tensor.device = DLDevice(12, device_index)  # kDLExtDev
+    managed.dl_tensor.ndim = len(shape)
+    managed.dl_tensor.dtype = DLDataType(2, 32, 1)  # float32
+    managed.dl_tensor.shape = sizes
+    managed.dl_tensor.strides = None  # contiguous
+    new_capsule = ctypes.pythonapi.PyCapsule_New
+    new_capsule.restype = ctypes.py_object
+    new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    capsule = new_capsule(ctypes.addressof(managed), b"dltensor", None)
+    return capsule, (managed, sizes)  # the second keeps the structures alive
+
+
+def test_dlpack_import_checks_the_device_memory():
+    x = torch.arange(256.0, device=D0)
+    # The capsules' structures outlive every tensor made from them (an
+    # imported tensor reads its deleter from them when it dies).
+    structures = []
+
+    def capsule(address, shape):
+        made, keep = _dlpack_capsule(address, shape)
+        structures.append(keep)
+        return made
+
+    # Inside the allocation: imported as is.
+    y = torch.from_dlpack(capsule(x.data_ptr() + 4 * 4, [8]))
+    assert y.data_ptr() == x.data_ptr() + 16
+    assert torch.equal(y.cpu(), torch.arange(4.0, 12.0))
+    del y
+    # Past the end of its allocation (the caching allocator's block).
+    with pytest.raises(RuntimeError, match="run past the end of its allocation"):
+        torch.from_dlpack(capsule(x.data_ptr(), [100_000]))
+    # Memory freed to the cache, and memory returned by empty_cache().
+    z = torch.empty(2**20, device=D0)
+    address = z.data_ptr()
+    del z
+    with pytest.raises(RuntimeError, match="memory that was freed"):
+        torch.from_dlpack(capsule(address, [16]))
+    torch.openreg.empty_cache()
+    with pytest.raises(RuntimeError, match="not allocated"):
+        torch.utils.dlpack.from_dlpack(capsule(address, [16]))
+    import gc
+
+    gc.collect()  # the refused tensors are gone before their structures
+
+
 def test_from_blob_wraps_device_memory_without_copy():
     x = torch.arange(12.0, device=D1)
     y = torch.openreg.from_blob(x.data_ptr() + 2 * 4, (2, 3), dtype=torch.float32, owner=x)

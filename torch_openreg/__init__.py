@@ -69,8 +69,46 @@ def _fix_dlpack_device() -> None:
 # [/doc:dlpack-device]
 
 
+# [doc:dlpack-import]
+def _check_dlpack_imports() -> None:
+    """``torch.from_dlpack`` checks what it imports onto openreg.
+
+    A DLPack capsule is a pointer with sizes and strides that another library
+    vouches for. PyTorch wraps it as is; openreg then checks, as
+    ``torch.openreg.from_blob`` does, that the pointer is live device memory
+    (not freed, not returned by ``empty_cache()``) and that everything the
+    sizes and strides reach lies inside its allocation, so a bad capsule
+    raises here instead of letting kernels read or write another tensor.
+    """
+    import torch.utils.dlpack as dlpack
+
+    original = dlpack.from_dlpack
+    if getattr(original, "_openreg_checked", False):
+        return
+
+    def from_dlpack(ext_tensor):
+        tensor = original(ext_tensor)
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == BACKEND_NAME:
+            try:
+                _C._check_imported(tensor, "torch.from_dlpack")
+            except RuntimeError:
+                del tensor  # the producer gets its memory back now, not with the traceback
+                raise
+        return tensor
+
+    from_dlpack._openreg_checked = True
+    from_dlpack.__doc__ = original.__doc__
+    from_dlpack.__name__ = original.__name__
+    dlpack.from_dlpack = from_dlpack
+    torch.from_dlpack = from_dlpack
+
+
+# [/doc:dlpack-import]
+
+
 _register()
 _fix_dlpack_device()
+_check_dlpack_imports()
 _distributed._register()
 _ipc._register()
 _compile.install()

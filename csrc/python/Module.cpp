@@ -155,6 +155,53 @@ py::dict host_stats() {
   return d;
 }
 
+// Checks that [data, data + nbytes) lies in live openreg device memory:
+// the caching allocator's block holding the address (the runtime only knows
+// the segment the block was cut from), or else what the runtime reports.
+// Returns the device. `what` names the caller in the messages.
+int check_device_range(const void* data, size_t nbytes, const char* what) {
+  const auto address = reinterpret_cast<uintptr_t>(data);
+  orPointerAttributes attr;
+  const orError_t err = orPointerGetAttributes(&attr, data);
+  TORCH_CHECK(err != orErrorInvalidDevicePointer, what, ": address 0x",
+              std::hex, address, std::dec,
+              " is in openreg device memory that is not allocated (freed, "
+              "or returned to the device by empty_cache())");
+  OPENREG_CHECK(err);
+  TORCH_CHECK(attr.type == orMemoryTypeDevice, what, ": address 0x", std::hex,
+              address, std::dec,
+              " is not openreg device memory (pinned or pageable host memory "
+              "makes CPU tensors: use torch.frombuffer or torch.from_numpy)");
+  const auto* base = static_cast<const char*>(attr.base);
+  size_t size = attr.size;
+  if (const auto block =
+          find_device_block(data, static_cast<c10::DeviceIndex>(attr.device))) {
+    TORCH_CHECK(block->allocated, what, ": address 0x", std::hex, address,
+                std::dec, " is in openreg memory that was freed (a block of ",
+                block->size, " bytes the caching allocator keeps for reuse)");
+    base = block->begin;
+    size = block->size;
+  }
+  const auto* begin = static_cast<const char*>(data);
+  TORCH_CHECK(begin + nbytes <= base + size, what, ": ", nbytes,
+              " bytes from address 0x", std::hex, address, std::dec,
+              " run past the end of its allocation (", size,
+              " bytes, starting ", begin - base, " bytes earlier)");
+  return attr.device;
+}
+
+// A tensor another library handed over (DLPack): its memory must be live
+// openreg memory covering everything its sizes and strides reach.
+void check_imported(const at::Tensor& t, const std::string& what) {
+  if (t.device().type() != c10::DeviceType::PrivateUse1 || t.numel() == 0) {
+    return;
+  }
+  const size_t nbytes =
+      at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.itemsize(),
+                                       static_cast<size_t>(t.storage_offset()));
+  check_device_range(t.storage().data(), nbytes, what.c_str());
+}
+
 // Wraps openreg device memory that something else owns (a vendor library, a
 // DLPack producer, another tensor) as a tensor, without copying: the
 // at::from_blob path a C++ integration uses. `owner` is kept alive until the
@@ -165,12 +212,6 @@ at::Tensor from_blob(uintptr_t address, std::vector<int64_t> sizes,
                      at::ScalarType dtype, int64_t storage_offset,
                      py::object owner) {
   void* data = reinterpret_cast<void*>(address);
-  orPointerAttributes attr;
-  OPENREG_CHECK(orPointerGetAttributes(&attr, data));
-  TORCH_CHECK(attr.type == orMemoryTypeDevice, "from_blob: address 0x",
-              std::hex, address, std::dec,
-              " is not openreg device memory (pinned or pageable host memory "
-              "makes CPU tensors: use torch.frombuffer or torch.from_numpy)");
   const auto contiguous = c10::contiguous_strides(sizes);
   const std::vector<int64_t> st = strides.value_or(
       std::vector<int64_t>(contiguous.begin(), contiguous.end()));
@@ -181,24 +222,7 @@ at::Tensor from_blob(uintptr_t address, std::vector<int64_t> sizes,
   const size_t itemsize = c10::elementSize(dtype);
   const size_t nbytes = (at::detail::computeStorageNbytes(sizes, st, itemsize) +
                          static_cast<size_t>(storage_offset) * itemsize);
-  // The allocation is the caching allocator's block holding the address
-  // (the runtime only knows the segment the block was cut from), or else
-  // what the runtime reports.
-  const auto* base = static_cast<const char*>(attr.base);
-  size_t size = attr.size;
-  if (const auto block =
-          find_device_block(data, static_cast<c10::DeviceIndex>(attr.device))) {
-    TORCH_CHECK(block->allocated, "from_blob: address 0x", std::hex, address,
-                std::dec, " is in openreg memory that was freed (a block of ",
-                block->size, " bytes the caching allocator keeps for reuse)");
-    base = block->begin;
-    size = block->size;
-  }
-  const auto* begin = static_cast<const char*>(data);
-  TORCH_CHECK(begin + nbytes <= base + size, "from_blob: ", nbytes,
-              " bytes from address 0x", std::hex, address, std::dec,
-              " run past the end of its allocation (", size,
-              " bytes, starting ", begin - base, " bytes earlier)");
+  const int device = check_device_range(data, nbytes, "from_blob");
   auto* keep = new py::object(std::move(owner));
   return at::for_blob(data, sizes)
       .strides(st)
@@ -210,8 +234,7 @@ at::Tensor from_blob(uintptr_t address, std::vector<int64_t> sizes,
         }
       })
       .options(at::TensorOptions().dtype(dtype).device(
-          c10::DeviceType::PrivateUse1,
-          static_cast<c10::DeviceIndex>(attr.device)))
+          c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)))
       .make_tensor();
 }
 
@@ -302,6 +325,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_from_blob", &from_blob, py::arg("address"), py::arg("sizes"),
         py::arg("strides"), py::arg("dtype"), py::arg("storage_offset"),
         py::arg("owner"));
+  m.def("_check_imported", &check_imported, py::arg("tensor"), py::arg("what"));
   m.def("_tensor_tags", &tensor_tags, py::arg("tensor"));
   m.def("_set_tensor_tag", &set_tensor_tag, py::arg("tensor"), py::arg("name"),
         py::arg("value"));

@@ -12,7 +12,8 @@
  * ------------------
  * - OPENREG_DEVICE_COUNT devices (default 2, 1..16).
  * - Each device owns OPENREG_DEVICE_MEMORY bytes of memory (default 4 GiB,
- *   suffixes K/M/G accepted). Physical pages are used only once touched.
+ *   suffixes K/M/G/T accepted, 1M..1T). Physical pages are used only once
+ *   touched.
  * - Device memory is not accessible from host code: dereferencing a device
  *   pointer on the host faults, and the runtime prints which device and
  *   offset were touched before the process dies. Code that runs *as the

@@ -23,12 +23,16 @@ constexpr int kDefaultDeviceCount = 2;
 constexpr int kMaxDeviceCount = 16;
 constexpr size_t kDefaultCapacity = size_t{4} << 30;  // 4 GiB per device
 constexpr size_t kMinCapacity = size_t{1} << 20;      // 1 MiB
+// Each device maps its capacity twice (device and kernel views): 16 devices
+// of 1 TiB take 32 TiB of the 128 TiB a process can map.
+constexpr size_t kMaxCapacity = size_t{1} << 40;  // 1 TiB
 constexpr int kPriorityLeast = 0;
 constexpr int kPriorityGreatest = -1;
 
 thread_local int t_current_device = 0;
 
-// Parses "123", "64K", "512M", "4G" (binary units). Returns false if bad.
+// Parses "123", "64K", "512M", "4G", "1T" (binary units). Returns false if
+// bad.
 bool parse_bytes(const char* text, size_t* out) {
   // strtoull would accept leading blanks and a sign, and wraps "-1" to
   // 2^64 - 1: only a plain decimal number is a size.
@@ -48,6 +52,8 @@ bool parse_bytes(const char* text, size_t* out) {
     shift = 20;
   } else if (*end == 'G' || *end == 'g') {
     shift = 30;
+  } else if (*end == 'T' || *end == 't') {
+    shift = 40;
   } else if (*end != '\0') {
     return false;
   }
@@ -140,9 +146,12 @@ const Config& config() {
   static const Config cfg = [] {
     Config c;
     if (const char* env = std::getenv("OPENREG_DEVICE_COUNT")) {
+      // Digits only, as for the memory size (strtol alone would accept
+      // leading blanks and a sign, and not trailing ones).
       char* end = nullptr;
       long v = std::strtol(env, &end, 10);
-      if (end == env || *end != '\0' || v < 1 || v > kMaxDeviceCount) {
+      if (*env < '0' || *env > '9' || end == env || *end != '\0' || v < 1 ||
+          v > kMaxDeviceCount) {
         std::fprintf(stderr,
                      "openreg: OPENREG_DEVICE_COUNT='%s' is not a number in "
                      "[1, %d]\n",
@@ -152,10 +161,12 @@ const Config& config() {
       c.count = static_cast<int>(v);
     }
     if (const char* env = std::getenv("OPENREG_DEVICE_MEMORY")) {
-      if (!parse_bytes(env, &c.capacity) || c.capacity < kMinCapacity) {
+      if (!parse_bytes(env, &c.capacity) || c.capacity < kMinCapacity ||
+          c.capacity > kMaxCapacity) {
         std::fprintf(stderr,
-                     "openreg: OPENREG_DEVICE_MEMORY='%s' is not a size of at "
-                     "least 1M (examples: 1073741824, 512M, 4G)\n",
+                     "openreg: OPENREG_DEVICE_MEMORY='%s' is not a size from "
+                     "1M to 1T per device (examples: 1073741824, 512M, 4G, "
+                     "1T)\n",
                      env);
         return c;
       }

@@ -4,6 +4,7 @@
 // 512-byte blocks. A driver for real hardware has its own answers (the
 // contract every driver must meet is in ../contract/).
 #include <pthread.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -83,7 +84,12 @@ TEST_F(SimulatedDeviceTest, MemGetInfoTracksRoundedAllocationSize) {
 
 // Sets (or, for nullptr, unsets) the two variables, initialises the runtime
 // and reports the outcome on stderr for the parent's regex.
-[[noreturn]] void InitWith(const char* count_env, const char* memory_env) {
+[[noreturn]] void InitWith(const char* count_env, const char* memory_env,
+                           size_t address_space_limit = 0) {
+  if (address_space_limit != 0) {
+    const rlimit limit{address_space_limit, address_space_limit};
+    setrlimit(RLIMIT_AS, &limit);
+  }
   auto set = [](const char* name, const char* value) {
     if (value != nullptr) {
       setenv(name, value, 1);
@@ -131,7 +137,7 @@ TEST_F(DeviceEnvDeathTest, DeviceCountFromEnvironment) {
 }
 
 TEST_F(DeviceEnvDeathTest, BadDeviceCountFailsInitialisation) {
-  for (const char* bad : {"0", "17", "-1", "two", "2x", ""}) {
+  for (const char* bad : {"0", "17", "-1", "two", "2x", "", " 3", "3 ", "+3"}) {
     SCOPED_TRACE(bad);
     // Every later call keeps reporting the failure; count is zeroed.
     EXPECT_EXIT(InitWith(bad, nullptr), ::testing::ExitedWithCode(0),
@@ -152,6 +158,7 @@ TEST_F(DeviceEnvDeathTest, DeviceMemoryFromEnvironment) {
   const std::string rounded =
       std::to_string((1048577 + page - 1) / page * page);
   for (Case c : {Case{"64M", "67108864"}, Case{"1G", "1073741824"},
+                 Case{"1T", "1099511627776"}, Case{"1024G", "1099511627776"},
                  Case{"2048k", "2097152"}, Case{"1MiB", "1048576"},
                  Case{"3GB", "3221225472"}, Case{"1048576", "1048576"},
                  Case{"1048577", rounded.c_str()}}) {
@@ -166,8 +173,8 @@ TEST_F(DeviceEnvDeathTest, DeviceMemoryFromEnvironment) {
 
 TEST_F(DeviceEnvDeathTest, BadDeviceMemoryFailsInitialisation) {
   for (const char* bad :
-       {"", "abc", "512K", "1048575", "12T", "4G!", "1.5G", "-1", "-1G",
-        "99999999999999999999G", "18446744073709551615"}) {
+       {"", "abc", "512K", "1048575", "12T", "1025G", " 1G", "1G ", "4G!",
+        "1.5G", "-1", "-1G", "99999999999999999999G", "18446744073709551615"}) {
     SCOPED_TRACE(bad);
     EXPECT_EXIT(InitWith(nullptr, bad), ::testing::ExitedWithCode(0),
                 "OPENREG_DEVICE_MEMORY.*\\[err=orErrorInitializationError "
@@ -176,10 +183,12 @@ TEST_F(DeviceEnvDeathTest, BadDeviceMemoryFailsInitialisation) {
 }
 
 TEST_F(DeviceEnvDeathTest, DeviceCreationFailureIsReportedByInit) {
-  // A well-formed size no mapping can satisfy (8 PiB per device): the
-  // configuration is valid, so orGetDeviceCount (which only reads it)
-  // succeeds, but creating the devices fails.
-  EXPECT_EXIT(InitWith(nullptr, "8388608G"), ::testing::ExitedWithCode(0),
+  // A valid size that no mapping can satisfy (4 GiB per device in a process
+  // limited to 2 GiB of address space): the configuration is valid, so
+  // orGetDeviceCount (which only reads it) succeeds, but creating the
+  // devices fails.
+  EXPECT_EXIT(InitWith(nullptr, "4G", size_t{2} << 30),
+              ::testing::ExitedWithCode(0),
               "\\[err=orSuccess count=2 init=orErrorInitializationError "
               "prop=orErrorInitializationError total=0 "
               "malloc=orErrorInitializationError\\]");
