@@ -296,6 +296,15 @@ def _check_device_memory_used():
     assert openreg.device_memory_used(1) == before
 
 
+def _check_get_arch_list():
+    # What a CPU-only PyTorch answers for CUDA.
+    assert openreg.get_arch_list() == [] == torch.cuda.get_arch_list()
+
+
+def _check_get_gencode_flags():
+    assert openreg.get_gencode_flags() == "" == torch.cuda.get_gencode_flags()
+
+
 def _check_has_half():
     assert openreg.has_half is True
     x = torch.tensor([1.0, 0.5], dtype=torch.half)

@@ -578,3 +578,55 @@ def test_conf_is_read_from_the_environment(py):
     proc = py(code, PYTORCH_CUDA_ALLOC_CONF=conf + ",expandable_segments:True")
     assert proc.returncode == 0, describe(proc)
     assert proc.stdout.split() == ["NotImplementedError"]
+
+
+def test_memory_history_records_actions_and_stacks(py):
+    # torch.cuda.memory's snapshot tools, on openreg (the shim maps the CUDA
+    # names to these; tests/test_migration.py).
+    proc = py(
+        """
+        import torch
+        from torch_openreg.openreg import memory
+        MiB = 2**20
+        x = torch.empty(MiB, device="openreg")  # before recording: no entry
+        memory._record_memory_history(max_entries=100)
+        def allocate_here():
+            return torch.empty(3 * MiB, device="openreg")
+        y = allocate_here()
+        del y
+        try:
+            torch.empty(100 * MiB, device="openreg")
+        except torch.OutOfMemoryError:
+            pass
+        z = torch.empty(2 * MiB, device="openreg:1")
+        snap = memory._snapshot()
+        memory._record_memory_history(enabled=None)
+        w = torch.empty(MiB, device="openreg")  # after: no entry
+        dev0, dev1 = snap["device_traces"][:2]
+        print([e["action"] for e in dev0])
+        print([e["action"] for e in dev1])
+        alloc = [e for e in dev0 if e["action"] == "alloc"][0]
+        print(alloc["size"], any(f["name"] == "allocate_here" for f in alloc["frames"]))
+        oom = [e for e in dev0 if e["action"] == "oom"][0]
+        print(oom["size"], oom["device_free"] > 0)
+        live = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+        print(sorted(len(b["frames"]) > 0 for b in live))
+        memory._record_memory_history(True, trace_alloc_max_entries=10)  # legacy form
+        v = torch.empty(MiB, device="openreg")
+        print([e["action"] for e in memory._snapshot()["device_traces"][0]][-1:])
+        memory._record_memory_history(None, clear_history=True)
+        print(memory._snapshot()["device_traces"][0])
+        """,
+        OPENREG_DEVICE_MEMORY="64M",
+    )
+    assert proc.returncode == 0, describe(proc)
+    lines = proc.stdout.splitlines()
+    # y fits in the 20 MiB segment x opened (CUDA's rounding of a large
+    # allocation), so no segment action.
+    assert lines[0] == "['alloc', 'free_requested', 'free_completed', 'oom']", lines[0]
+    assert lines[1] == "['segment_alloc', 'alloc']"
+    assert lines[2] == f"{12 * 2**20} True"
+    assert lines[3] == f"{400 * 2**20} True"
+    assert lines[4] == "[False, True]"  # x was allocated before recording
+    assert lines[5] == "['alloc']"
+    assert lines[6] == "[]"

@@ -20,9 +20,10 @@ SCRIPTS = Path(__file__).resolve().parent / "cuda_scripts"
 NOTICE = "torch_openreg: CUDA is mapped to openreg"
 
 
-def run_shim(args, cwd, timeout=150):
+def run_shim(args, cwd, timeout=150, **env):
     """``python *args`` (the shim's entry points) in a fresh interpreter."""
-    return run_python(None, cwd, env={"OPENREG_FALLBACK_WARNINGS": 0}, timeout=timeout, args=args)
+    env = {"OPENREG_FALLBACK_WARNINGS": 0, **env}
+    return run_python(None, cwd, env=env, timeout=timeout, args=args)
 
 
 def run_on_cpu(script, *args):
@@ -112,3 +113,34 @@ def test_run_usage_errors(tmp_path):
     assert proc.returncode == 2 and "usage: python -m torch_openreg.run" in proc.stderr
     proc = run_shim(["-m", "torch_openreg.run", str(tmp_path / "missing.py")], tmp_path, 60)
     assert proc.returncode == 1 and "missing.py" in proc.stderr, describe(proc)
+
+
+def test_compiled_training_matches_cpu(tmp_path):
+    script = SCRIPTS / "compile_train.py"
+    run_on_cpu(script, tmp_path / "cpu.pt")
+    proc = run_shim(
+        ["-m", "torch_openreg.run", str(script), "shim.pt"],
+        tmp_path,
+        timeout=170,
+        TORCHINDUCTOR_CACHE_DIR=tmp_path / "inductor",
+    )
+    assert proc.returncode == 0, describe(proc)
+    expected = torch.load(tmp_path / "cpu.pt")
+    actual = torch.load(tmp_path / "shim.pt")
+    assert actual["device"] == "openreg:0"
+    torch.testing.assert_close(actual["losses"], expected["losses"])
+    torch.testing.assert_close(actual["weights"], expected["weights"])
+
+
+def test_cuda_edges_under_the_shim(tmp_path):
+    proc = run_shim(
+        ["-m", "torch_openreg.run", str(SCRIPTS / "shim_edges.py"), str(tmp_path)], tmp_path
+    )
+    assert proc.returncode == 0, describe(proc)
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert lines["patch"] == "patched patched True", describe(proc)
+    assert lines["arch"] == "[] ''"
+    assert lines["generator"] == "openreg:0 True True"
+    # autocast ran in float16; two FutureWarnings, naming what the user wrote.
+    assert lines["amp"] == "torch.float16 2 True", describe(proc)
+    assert lines["snapshot"] == "True True True", describe(proc)

@@ -118,8 +118,12 @@ SECTIONS: list[tuple[str, list[Row]]] = [
                 "and `Stream.synchronize()`; as on CUDA the coverage is not complete "
                 "(data-dependent ops such as `nonzero` are not reported)",
             ),
-            _cuda("get_arch_list", "CUDA compute capabilities the binary was built for"),
-            _cuda("get_gencode_flags", "nvcc `-gencode` flags of the build"),
+            _same(
+                "get_arch_list",
+                "`[]`: no kernel is compiled for a device architecture, as a CPU-only "
+                "PyTorch answers",
+            ),
+            _same("get_gencode_flags", '`""`, as a CPU-only PyTorch answers'),
             _cuda("check_error", "checks a `cudaError_t` code"),
             _cuda("cudart", "the CUDA runtime library handle"),
             _cuda("cudaStatus", "CUDA runtime status constants"),

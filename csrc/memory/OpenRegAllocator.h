@@ -9,6 +9,8 @@
 #include <optional>
 #include <vector>
 
+#include "memory/OpenRegMemoryHistory.h"
+
 namespace openreg {
 
 // The caching allocator registered for PrivateUse1 (what torch.empty(...,
@@ -35,6 +37,14 @@ double get_memory_fraction(c10::DeviceIndex device);
 // device with its blocks. A segment's `stream` holds the c10::StreamId of the
 // stream it belongs to (what torch.Stream.stream_id shows), not an address.
 std::vector<c10::CachingDeviceAllocator::SegmentInfo> memory_snapshot();
+
+// Allocation history for memory snapshots (OpenRegMemoryHistory.h):
+// applies `settings` from now on; `clear` drops what was recorded.
+void record_memory_history(const allocator::HistorySettings& settings,
+                           bool clear);
+// What each device recorded, oldest first (one list per device).
+std::vector<std::vector<c10::CachingDeviceAllocator::TraceEntry>>
+memory_traces();
 
 // The block of the caching allocator that holds device address p on
 // `device`: where it starts, the bytes its owner asked for, and whether it

@@ -78,16 +78,21 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
                            c10::StreamId stream, bool may_fail = false) {
     using WhenFull = DeviceCache::WhenFull;
     const c10::Device dev(c10::DeviceType::PrivateUse1, device);
+    // The caller's stack while history is recorded, gathered before the
+    // cache's lock is taken (it may take the GIL).
+    auto context = allocator::gather_context(/*free=*/false);
     Block* block =
         cache(device).malloc(nbytes, stream,
                              may_fail               ? WhenFull::kGiveUp
                              : ipc_blocks_pending() ? WhenFull::kDefer
-                                                    : WhenFull::kRaise);
+                                                    : WhenFull::kRaise,
+                             context);
     if (block == nullptr && !may_fail) {
       // Blocks shared with other processes wait for their receivers: free
       // those that are done and retry once, as CUDA's allocator does.
       ipc_collect();
-      block = cache(device).malloc(nbytes, stream, WhenFull::kRaise);
+      block = cache(device).malloc(nbytes, stream, WhenFull::kRaise,
+                                   std::move(context));
     }
     if (block == nullptr) {
       return {nullptr, dev};
@@ -204,7 +209,8 @@ void OpenRegCachingAllocator::delete_block(void* ptr) {
     return;
   }
   try {
-    g_allocator.cache(block->device).free(block);
+    g_allocator.cache(block->device)
+        .free(block, allocator::gather_context(/*free=*/true));
   } catch (const std::exception& e) {
     // Deleters must not throw.
     TORCH_WARN("openreg allocator: free failed: ", e.what());
@@ -220,6 +226,27 @@ c10::DataPtr allocate_device_memory(size_t nbytes, c10::Stream stream) {
   TORCH_INTERNAL_ASSERT(nbytes > 0 &&
                         stream.device_type() == c10::DeviceType::PrivateUse1);
   return g_allocator.allocate_on(nbytes, stream.device_index(), stream.id());
+}
+
+void record_memory_history(const allocator::HistorySettings& settings,
+                           bool clear) {
+  allocator::set_history_settings(settings);
+  if (clear && is_initialized()) {
+    for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
+      g_allocator.cache(d).clear_traces();
+    }
+  }
+}
+
+std::vector<std::vector<c10::CachingDeviceAllocator::TraceEntry>>
+memory_traces() {
+  std::vector<std::vector<c10::CachingDeviceAllocator::TraceEntry>> out;
+  if (is_initialized()) {
+    for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
+      out.push_back(g_allocator.cache(d).traces());
+    }
+  }
+  return out;
 }
 
 c10::DataPtr try_allocate_device_memory(size_t nbytes, c10::Stream stream) {

@@ -61,7 +61,8 @@ bool BlockOrder::operator()(const Block* a, const Block* b) const {
 }
 
 Block* DeviceCache::malloc(size_t orig_size, c10::StreamId stream,
-                           WhenFull when_full) {
+                           WhenFull when_full,
+                           std::shared_ptr<c10::GatheredContext> context) {
   std::lock_guard<std::mutex> lock(mutex_);
   process_events();
   const size_t size = round_size(orig_size);
@@ -78,7 +79,7 @@ Block* DeviceCache::malloc(size_t orig_size, c10::StreamId stream,
       if (gc_enabled()) {
         garbage_collect();
       }
-      block = new_segment(pool, stream, size, orig_size, when_full);
+      block = new_segment(pool, stream, size, orig_size, when_full, context);
       if (block == nullptr) {
         return nullptr;
       }
@@ -87,6 +88,10 @@ Block* DeviceCache::malloc(size_t orig_size, c10::StreamId stream,
   }
   block->allocated = true;
   block->requested = orig_size;
+  trace_.record(TraceEntry::ALLOC, device_,
+                reinterpret_cast<uintptr_t>(block->ptr), orig_size, stream,
+                context);
+  block->context = std::move(context);
   increase(stats_.allocation, pool, 1);
   increase(stats_.allocated_bytes, pool, block->size);
   increase(stats_.active, pool, 1);
@@ -98,8 +103,13 @@ Block* DeviceCache::malloc(size_t orig_size, c10::StreamId stream,
   return block;
 }
 
-void DeviceCache::free(Block* block) {
+void DeviceCache::free(Block* block,
+                       std::shared_ptr<c10::GatheredContext> context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  trace_.record(TraceEntry::FREE_REQUESTED, device_,
+                reinterpret_cast<uintptr_t>(block->ptr), block->requested,
+                block->stream, std::move(context));
+  block->context.reset();
   block->allocated = false;
   decrease(stats_.allocation, *block->pool, 1);
   decrease(stats_.allocated_bytes, *block->pool, block->size);
@@ -110,7 +120,10 @@ void DeviceCache::free(Block* block) {
   block->requested = 0;
   if (!block->stream_uses.empty()) {
     insert_events(block);
-  } else if (block->pool->is_small) {
+    return;
+  }
+  free_completed(block);
+  if (block->pool->is_small) {
     keep_recent(block);
   } else {
     free_block(block);
@@ -224,9 +237,9 @@ Block* DeviceCache::take_free_block(BlockPool& pool, c10::StreamId stream,
 // per-process fraction) refuses, frees cached oversize blocks and retries,
 // then frees the whole cache and retries, then raises
 // torch.OutOfMemoryError (or returns nullptr, as `when_full` says).
-Block* DeviceCache::new_segment(BlockPool& pool, c10::StreamId stream,
-                                size_t size, size_t orig_size,
-                                WhenFull when_full) {
+Block* DeviceCache::new_segment(
+    BlockPool& pool, c10::StreamId stream, size_t size, size_t orig_size,
+    WhenFull when_full, const std::shared_ptr<c10::GatheredContext>& context) {
   const size_t alloc_size = segment_size(size);
   void* ptr = nullptr;
   orError_t err = try_malloc(alloc_size, &ptr);
@@ -253,6 +266,8 @@ Block* DeviceCache::new_segment(BlockPool& pool, c10::StreamId stream,
   ++stats_.num_device_alloc;
   auto* block =
       new Block(device_, stream, alloc_size, &pool, static_cast<char*>(ptr));
+  trace_.record(TraceEntry::SEGMENT_ALLOC, device_,
+                reinterpret_cast<uintptr_t>(ptr), alloc_size, stream, context);
   segments_.insert(block);
   increase(stats_.segment, pool, 1);
   increase(stats_.reserved_bytes, pool, alloc_size);
@@ -385,6 +400,9 @@ void DeviceCache::raise_oom(size_t orig_size) {
   size_t free_bytes = 0;
   size_t total = 0;
   OPENREG_CHECK(orMemGetInfo(&free_bytes, &total));
+  // As CUDA's trace: "addr" holds the free bytes the device reports.
+  trace_.record(TraceEntry::OOM, device_, free_bytes, orig_size, 0,
+                gather_context(false));
   const auto allocated =
       static_cast<size_t>(stats_.allocated_bytes[kAggregate].current);
   std::ostringstream limit;
@@ -449,6 +467,7 @@ void DeviceCache::process_events() {
     events_.pop_front();
     OPENREG_CHECK(orEventDestroy(event));
     if (--block->event_count == 0) {
+      free_completed(block);
       free_block(block);
     }
   }
@@ -462,12 +481,19 @@ void DeviceCache::synchronize_and_free_events() {
     synchronize_event(event);
     OPENREG_CHECK(orEventDestroy(event));
     if (--block->event_count == 0) {
+      free_completed(block);
       free_block(block);
     }
   }
 }
 
 // A block no longer in use returns to its pool, merged with free neighbours.
+void DeviceCache::free_completed(const Block* block) {
+  trace_.record(TraceEntry::FREE_COMPLETED, device_,
+                reinterpret_cast<uintptr_t>(block->ptr), block->size,
+                block->stream, nullptr);
+}
+
 void DeviceCache::free_block(Block* block) {
   decrease(stats_.active, *block->pool, 1);
   decrease(stats_.active_bytes, *block->pool, block->size);
@@ -508,6 +534,9 @@ void DeviceCache::merge_free(Block* block) {
 // device: kernels still queued may use a cached block (a block freed on the
 // host is reused in stream order), as cudaFree waits for the device.
 void DeviceCache::release_block(Block* b) {
+  trace_.record(TraceEntry::SEGMENT_FREE, device_,
+                reinterpret_cast<uintptr_t>(b->ptr), b->size, b->stream,
+                gather_context(true));
   pool_erase(b);
   segments_.erase(b);
   OPENREG_CHECK(orFree(b->ptr));

@@ -45,6 +45,8 @@
 #include <utility>
 #include <vector>
 
+#include "memory/OpenRegMemoryHistory.h"
+
 namespace openreg::allocator {
 
 using Stats = c10::CachingDeviceAllocator::DeviceStats;
@@ -65,6 +67,8 @@ struct Block {
   int event_count = 0;  // outstanding events before the block is free
   size_t gc_base = 0;   // the pool's search count when the block was freed
   ska::flat_hash_set<c10::StreamId> stream_uses;  // other streams using it
+  // Where it was allocated, while recording history (OpenRegMemoryHistory.h).
+  std::shared_ptr<c10::GatheredContext> context;
 
   Block(c10::DeviceIndex d, c10::StreamId s, size_t sz, BlockPool* p, char* pt)
       : device(d), stream(s), size(sz), pool(p), ptr(pt) {}
@@ -99,10 +103,13 @@ class DeviceCache {
               // collects blocks held for other processes and retries)
     kGiveUp,  // return nullptr at once: no cache freed, nothing counted
   };
-  // A block of at least `size` bytes for use on `stream`.
-  Block* malloc(size_t size, c10::StreamId stream, WhenFull when_full);
+  // A block of at least `size` bytes for use on `stream`. `context`: the
+  // caller's stack, while history is recorded (gather_context).
+  Block* malloc(size_t size, c10::StreamId stream, WhenFull when_full,
+                std::shared_ptr<c10::GatheredContext> context = nullptr);
   // Returns an allocated block (after the events of its other streams).
-  void free(Block* block);
+  void free(Block* block,
+            std::shared_ptr<c10::GatheredContext> context = nullptr);
   void record_stream(Block* block, c10::StreamId stream);
   // Drains the device and gives every whole free segment back.
   void empty_cache();
@@ -119,6 +126,10 @@ class DeviceCache {
   // openreg's runtime streams have no handle visible from Python.
   std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot();
 
+  // The recorded history of this device, oldest first; and its reset.
+  std::vector<TraceEntry> traces();
+  void clear_traces();
+
   // The block of this cache holding address p: its start, its requested
   // size, and whether it is allocated. False if no segment holds p.
   bool find(const void* p, const char** begin, size_t* size, bool* allocated);
@@ -128,7 +139,8 @@ class DeviceCache {
   void pool_erase(Block* b);
   Block* take_free_block(BlockPool& pool, c10::StreamId stream, size_t size);
   Block* new_segment(BlockPool& pool, c10::StreamId stream, size_t size,
-                     size_t orig_size, WhenFull when_full);
+                     size_t orig_size, WhenFull when_full,
+                     const std::shared_ptr<c10::GatheredContext>& context);
   bool gc_enabled() const;
   void garbage_collect();
   bool release_oversize_blocks(BlockPool& pool, c10::StreamId stream,
@@ -143,6 +155,8 @@ class DeviceCache {
   void process_events();
   void synchronize_and_free_events();
   void free_block(Block* block);
+  // Records that `block`'s free has completed (history).
+  void free_completed(const Block* block);
   void merge_free(Block* block);
   void keep_recent(Block* block);
   Block* take_recent(c10::StreamId stream, size_t size);
@@ -163,6 +177,7 @@ class DeviceCache {
   double fraction_ = 1.0;
   bool fraction_set_ = false;  // set_fraction was called (enables the GC)
   size_t capacity_ = 0;
+  Trace trace_;
 };
 
 }  // namespace openreg::allocator

@@ -91,6 +91,16 @@ bool DeviceCache::find(const void* p, const char** begin, size_t* size,
   return false;
 }
 
+std::vector<TraceEntry> DeviceCache::traces() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return trace_.entries();
+}
+
+void DeviceCache::clear_traces() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  trace_.clear();
+}
+
 std::vector<c10::CachingDeviceAllocator::SegmentInfo> DeviceCache::snapshot() {
   std::lock_guard<std::mutex> lock(mutex_);
   flush_recent();
@@ -107,6 +117,7 @@ std::vector<c10::CachingDeviceAllocator::SegmentInfo> DeviceCache::snapshot() {
       info.requested_size = b->requested;
       info.allocated = b->allocated;
       info.active = b->allocated || b->event_count > 0;
+      info.context_when_allocated = b->context;
       seg.total_size += b->size;
       if (info.allocated) {
         seg.allocated_size += b->size;

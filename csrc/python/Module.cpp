@@ -22,6 +22,7 @@
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegIpc.h"
 #include "memory/OpenRegKernelScratch.h"
+#include "python/OpenRegMemoryHistory.h"
 #include "random/OpenRegGenerator.h"
 #include "serialization/OpenRegBackendMeta.h"
 
@@ -374,4 +375,5 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("device"));
   inductor::init_python_bindings(m);
+  init_memory_history_bindings(m);
 }

@@ -167,7 +167,7 @@ def main():
         "nvtx.range_push": lambda: torch.cuda.nvtx.range_push("step"),
         "FloatTensor": lambda: torch.cuda.FloatTensor(3),
         "memory.MemPool": lambda: torch.cuda.memory.MemPool(),
-        "get_arch_list": lambda: torch.cuda.get_arch_list(),
+        "check_error": lambda: torch.cuda.check_error(0),
         "jiterator._create_jit_fn": lambda: torch.cuda.jiterator._create_jit_fn("x"),
     }
     for name, use in uses.items():

@@ -10,7 +10,8 @@
 - ``torch.cuda`` to a stand-in built from the parity table
   (``cuda_module.py``, rows in ``torch_openreg/api_parity.py``);
 - autocast, GradScaler, ``torch.load``, ``torch.set_default_device``,
-  ``torch.distributed``'s ``"nccl"`` (``patches.py``).
+  ``torch.Generator(device="cuda")``, ``torch.distributed``'s ``"nccl"``
+  (``patches.py``).
 
 It prints one line on stderr, and sets ``OPENREG_CUDA_SHIM=1`` so that
 processes started from this one (spawned DataLoader workers,
@@ -59,6 +60,7 @@ def activate() -> None:
             sys.modules[f"torch.cuda.{name}"] = getattr(stand_in, name)
         patches.patch_amp()
         patches.patch_default_device()
+        patches.patch_generator()
         patches.patch_serialization()
         patches.patch_distributed()
         patches.patch_data_parallel()

@@ -22,7 +22,19 @@ the stand-in resolves a name through its row:
   ``has_magma`` is False.
 
 Private names (``torch.cuda._lazy_init``, ...) are not in the table: they are
-the real ``torch.cuda``'s, which PyTorch's own CUDA code paths use.
+the real ``torch.cuda``'s, which PyTorch's own CUDA code paths use, except
+the memory-snapshot tools (``torch.cuda.memory._record_memory_history``,
+``_snapshot``, ``_dump_snapshot``), which are openreg's (``PRIVATE``).
+
+``torch.cuda.amp``'s deprecated classes and decorators (``autocast``,
+``GradScaler``, ``custom_fwd``, ``custom_bwd``) are the real ones: they call
+``torch.amp`` with ``"cuda"``, which the shim maps (patches.py), and so warn
+with the names the user wrote.
+
+Assigning an attribute (``unittest.mock.patch``, pytest's ``monkeypatch``, a
+user's own) works as on a module: a name of the table is shadowed in the
+stand-in until deleted, any other name is set on (and deleted from) the real
+``torch.cuda``.
 """
 
 import functools
@@ -102,11 +114,42 @@ def _placeholder(real: Any, qualified: str, row: api_parity.Row) -> Any:
     return unsupported
 
 
+class CudaDeviceProperties:
+    """openreg's device properties as CUDA code reads them under the shim.
+
+    Every field of ``torch.openreg.get_device_properties()``, plus
+    ``gcnArchName`` (the device's name): on a PyTorch built without CUDA,
+    whose ``torch.version.cuda`` is None, PyTorch's own CUDA code paths take
+    the device for a ROCm one and read that field (Inductor's cache key does,
+    under ``torch.compile``).
+    """
+
+    def __init__(self, properties: Any) -> None:
+        self._properties = properties
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._properties, name)
+
+    @property
+    def gcnArchName(self) -> str:  # noqa: N802  (CUDA's field name)
+        return self._properties.name
+
+    def __repr__(self) -> str:
+        return repr(self._properties)
+
+
+# What a mapped function's result becomes under the shim, by name.
+_RESULT_ADAPTERS = {"get_device_properties": CudaDeviceProperties}
+
+
 def _wrap_function(target: Any, qualified: str) -> Any:
+    adapt = _RESULT_ADAPTERS.get(qualified.rsplit(".", 1)[-1])
+
     @functools.wraps(target)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         args, kwargs = map_arguments(args, kwargs)
-        return target(*args, **kwargs)
+        result = target(*args, **kwargs)
+        return adapt(result) if adapt is not None else result
 
     wrapper.__qualname__ = wrapper.__name__ = qualified.rsplit(".", 1)[-1]
     wrapper.__module__ = qualified.rsplit(".", 1)[0]
@@ -159,6 +202,22 @@ def _resolve(target: Any, qualified: str) -> Any:
     return target
 
 
+# Private names of torch.cuda that mean openreg's tool under the shim, by
+# stand-in: the memory-snapshot tools.
+def _private_names(qualified: str) -> dict[str, Any]:
+    memory = torch.openreg.memory
+    tools = {
+        "_record_memory_history": memory._record_memory_history,
+        "_snapshot": memory._snapshot,
+        "_dump_snapshot": memory._dump_snapshot,
+    }
+    return tools if qualified == "torch.cuda.memory" else {}
+
+
+# torch.cuda.amp's names that stay the real ones (see the module docstring).
+_REAL_AMP = frozenset({"autocast", "GradScaler", "custom_fwd", "custom_bwd"})
+
+
 class CudaStandIn(types.ModuleType):
     """``torch.cuda`` (or one of its submodules) answered by torch.openreg.
 
@@ -174,6 +233,7 @@ class CudaStandIn(types.ModuleType):
         d["_openreg"] = openreg
         d["_cache"] = {}
         d["_subs"] = {}
+        d["_private"] = _private_names(qualified)
         for attr in ("__file__", "__path__", "__spec__", "__loader__", "__package__"):
             if hasattr(real, attr):
                 d[attr] = getattr(real, attr)
@@ -186,9 +246,11 @@ class CudaStandIn(types.ModuleType):
         d = self.__dict__
         if name in d["_subs"]:
             return d["_subs"][name]
+        if name in d["_private"]:
+            return d["_private"][name]
         row = d["_rows"].get(name)
         qualified = f"{self.__name__}.{name}"
-        if row is None:
+        if row is None or (self.__name__ == "torch.cuda.amp" and name in _REAL_AMP):
             return getattr(d["_real"], name)
         if name in d["_cache"]:
             return d["_cache"][name]
@@ -205,9 +267,24 @@ class CudaStandIn(types.ModuleType):
         return value
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # The import system binds loaded submodules here; they belong to the
-        # real module, so that our lookup (not the instance dict) answers.
-        setattr(self.__dict__["_real"], name, value)
+        d = self.__dict__
+        ours = name in d["_rows"] or name in d["_private"]
+        if ours and not isinstance(value, types.ModuleType):
+            # A table name (mock.patch("torch.cuda.set_rng_state", ...)):
+            # shadowed here until deleted, as a module attribute would be.
+            d[name] = value
+            return
+        # Private names go to the real module, whose own code reads them;
+        # the import system binds loaded submodules there too, so that our
+        # lookup (not the instance dict) answers.
+        setattr(d["_real"], name, value)
+
+    def __delattr__(self, name: str) -> None:
+        d = self.__dict__
+        if (name in d["_rows"] or name in d["_private"]) and name in d:
+            del d[name]  # the stand-in's answer again
+            return
+        delattr(d["_real"], name)
 
     def __dir__(self) -> list[str]:
         return sorted(set(self.__dict__["_rows"]) | set(dir(self.__dict__["_real"])))

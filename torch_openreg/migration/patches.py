@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .cuda_module import _proxy_class
 from .devices import BACKEND, map_arguments, map_device
 
 
@@ -83,6 +84,20 @@ def patch_amp() -> None:
     # The deprecated "gpu" spellings mean CUDA.
     torch.get_autocast_gpu_dtype = lambda: torch.get_autocast_dtype(BACKEND)
     torch.set_autocast_gpu_dtype = lambda dtype: torch.set_autocast_dtype(BACKEND, dtype)
+
+
+def patch_generator() -> None:
+    """``torch.Generator(device="cuda")``: an openreg generator.
+
+    ``torch.Generator`` is a C type that no torch function mode sees, so its
+    device argument is mapped by a proxy class in its place (the one the
+    stand-in uses for ``torch.cuda.Stream``); the object made is a real
+    ``torch.Generator`` (``isinstance`` checks hold, kernels accept it).
+    Without this, PyTorch raises "Cannot get CUDA generator without
+    ATen_cuda library".
+    """
+    if torch.Generator is torch._C.Generator:
+        torch.Generator = _proxy_class(torch._C.Generator, "torch.Generator")
 
 
 def patch_default_device() -> None:

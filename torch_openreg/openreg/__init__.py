@@ -39,9 +39,11 @@ __all__ = [
     "device_memory_used",
     "device_of",
     "fallback_ops",
+    "get_arch_list",
     "get_device_capability",
     "get_device_name",
     "get_device_properties",
+    "get_gencode_flags",
     "get_sync_debug_mode",
     "has_half",
     "init",
@@ -265,6 +267,17 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 def is_tf32_supported() -> bool:
     """False: float32 matmuls and convolutions run in full float32 precision."""
     return False
+
+
+def get_arch_list() -> list[str]:
+    """[]: no kernel of this build is compiled for a device architecture (the
+    kernels are the CPU's), as a CPU-only PyTorch answers for CUDA."""
+    return []
+
+
+def get_gencode_flags() -> str:
+    """ "": no device code generation flags (see get_arch_list)."""
+    return ""
 
 
 def device_memory_used(device: Any = None) -> int:

@@ -6,6 +6,8 @@ numbers ``torch.accelerator`` reports.
 """
 
 import contextlib
+import pickle
+import sys
 import threading
 import warnings
 from collections import OrderedDict
@@ -195,15 +197,80 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
 def memory_snapshot(mempool_id: Any = None, include_traces: bool = True) -> list[dict[str, Any]]:
     """Every segment of every device with its blocks (torch.cuda's shape).
 
-    openreg records no allocation history, so there are never trace entries
-    to include; it has no memory pools besides the default one, so
-    ``mempool_id`` must be None.
+    While ``_record_memory_history`` records, each block carries the stack
+    that allocated it (``frames``). openreg has no memory pools besides the
+    default one, so ``mempool_id`` must be None.
     """
     if mempool_id is not None:
         raise NotImplementedError(
             f"openreg has no memory pools besides the default one, got mempool_id={mempool_id!r}"
         )
-    return _C._memory_snapshot()
+    return _C._memory_snapshot_full()["segments"]
+
+
+# [doc:memory-history]
+def _record_memory_history(
+    enabled: str | bool | None = "all",
+    context: str | None = "all",
+    stacks: str = "all",
+    max_entries: int = sys.maxsize,
+    device: Any = None,
+    clear_history: bool = False,
+    compile_context: bool = False,
+    global_record_annotations: bool = False,
+    skip_actions: list[str] | None = None,
+    **legacy: Any,
+) -> None:
+    """Records the allocator's actions and the stacks behind them, for
+    ``_snapshot()`` (the arguments of ``torch.cuda.memory._record_memory_history``).
+
+    ``enabled``: None stops recording, "state" keeps the stack of each live
+    block, "all" also keeps the last ``max_entries`` actions of each device
+    (alloc, free_requested, free_completed, segment_alloc, segment_free, oom).
+    ``context`` says which actions get a stack, ``stacks`` whether C++ frames
+    join the Python ones ("all"). Every device records (``device`` is
+    accepted, as on CUDA, where recording is process-wide too). The legacy
+    boolean form (``enabled=True, trace_alloc_max_entries=..., ...``) is
+    accepted. What openreg does not record raises: compile contexts, global
+    annotations, skipped actions.
+    """
+    if isinstance(enabled, bool):  # torch.cuda.memory's legacy spelling
+        record_context = legacy.pop("record_context", True)
+        max_entries = legacy.pop("trace_alloc_max_entries", 1)
+        with_trace_context = legacy.pop("trace_alloc_record_context", False)
+        cpp = legacy.pop("record_context_cpp", False)
+        context = ("alloc" if with_trace_context else "state") if record_context else None
+        stacks = "all" if cpp else "python"
+        enabled = ("all" if max_entries > 1 else "state") if enabled else None
+    if legacy:
+        raise TypeError(f"_record_memory_history() got unexpected arguments {sorted(legacy)}")
+    if compile_context or global_record_annotations or skip_actions:
+        raise NotImplementedError(
+            "openreg's allocator history has no compile contexts, annotations or skipped "
+            "actions (compile_context, global_record_annotations, skip_actions)"
+        )
+    _C._record_memory_history(enabled, context, stacks, max_entries, clear_history)
+
+
+def _snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict[str, Any]:
+    """The state of the allocator and its recorded history, in the shape of
+    ``torch.cuda.memory._snapshot()``: ``segments`` (each block with the
+    stack that allocated it) and ``device_traces`` (one list per device), which
+    PyTorch's memory viewer (``torch.cuda._memory_viz``, pytorch.org/memory_viz)
+    reads."""
+    if augment_with_fx_traces:
+        raise NotImplementedError("openreg's snapshot has no FX trace augmentation")
+    return _C._memory_snapshot_full()
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle", augment_with_fx_traces: bool = False):
+    """Pickles ``_snapshot()`` to ``filename`` (for pytorch.org/memory_viz)."""
+    snapshot = _snapshot(augment_with_fx_traces=augment_with_fx_traces)
+    with open(filename, "wb") as f:
+        pickle.dump(snapshot, f)
+
+
+# [/doc:memory-history]
 
 
 def host_memory_stats_as_nested_dict() -> dict[str, Any]:
