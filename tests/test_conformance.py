@@ -267,7 +267,7 @@ def test_cli(tmp_path):
     proc = run_python(code, tmp_path, env=kit_env())
     assert proc.returncode == 0, describe(proc)
     listed, bad_topic, bad_device = proc.stdout.strip().splitlines()
-    assert re.fullmatch(r"0 \d+ checks over 17 topics", listed), listed
+    assert re.fullmatch(r"0 \d+ checks over 18 topics", listed), listed
     assert bad_topic.startswith("2 error: unknown topic(s) ['nope']"), bad_topic
     assert bad_device.startswith("2 error: 'cuda' is not the current accelerator"), bad_device
 

@@ -609,7 +609,8 @@ def test_memory_history_records_actions_and_stacks(py):
         print(alloc["size"], any(f["name"] == "allocate_here" for f in alloc["frames"]))
         oom = [e for e in dev0 if e["action"] == "oom"][0]
         print(oom["size"], oom["device_free"] > 0)
-        live = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+        blocks = [b for s in snap["segments"] for b in s["blocks"]]
+        live = [b for b in blocks if b["state"] == "active_allocated"]
         print(sorted(len(b["frames"]) > 0 for b in live))
         memory._record_memory_history(True, trace_alloc_max_entries=10)  # legacy form
         v = torch.empty(MiB, device="openreg")

@@ -107,6 +107,7 @@ def _check_dlpack_imports() -> None:
 
 
 _register()
+_device_module.faults._arm_from_environment()  # OPENREG_FAULTS
 _fix_dlpack_device()
 _check_dlpack_imports()
 _distributed._register()
@@ -125,7 +126,10 @@ def _drain_at_exit() -> None:
     """
     if _device_module.is_initialized():
         for index in range(_device_module.device_count()):
-            _device_module.synchronize(index)
+            try:
+                _device_module.synchronize(index)
+            except RuntimeError:
+                pass  # a lost or failed device: its error was the program's to see
         time.sleep(0.02)
 
 

@@ -38,7 +38,7 @@ def create_backend(store, rank: int, world_size: int, timeout):
     from torch.distributed import PrefixStore, ProcessGroupGloo
 
     gloo = ProcessGroupGloo(PrefixStore(f"{BACKEND}/", store), rank, world_size, timeout)
-    return _C._create_orccl_backend(gloo, rank, world_size)
+    return _C._create_orccl_backend(gloo, rank, world_size, timeout)
 
 
 def _register_backend() -> None:

@@ -20,14 +20,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <thread>
 #include <utility>
 
 #include "core/OpenRegException.h"
+#include "core/OpenRegFaults.h"
 #include "core/OpenRegKernelTask.h"
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
@@ -124,9 +128,16 @@ int run_task(void* data) {
     const WorkerThreads threads(task->threads);
     DeferWarnings defer(task->stream);
     const c10::WarningUtils::WarningHandlerGuard guard(&defer);
+    if (task->delay_us > 0) {  // faults::delay_kernels
+      std::this_thread::sleep_for(std::chrono::microseconds(task->delay_us));
+    }
     try {
-      task->kernel();
-      status = 0;
+      if (!task->failure.empty()) {  // faults::fail_kernel
+        record_kernel_failure(task->stream, task->op, task->failure.c_str());
+      } else {
+        task->kernel();
+        status = 0;
+      }
     } catch (const c10::Error& e) {
       record_kernel_failure(task->stream, task->op, e.what_without_backtrace());
     } catch (const std::exception& e) {
@@ -147,6 +158,7 @@ struct SyncCall {
   c10::WarningHandler* warnings;
   std::exception_ptr error;
   orStream_t stream;
+  int64_t delay_us = 0;  // faults::delay_kernels
 };
 
 int run_sync_call(void* data) {
@@ -156,6 +168,9 @@ int run_sync_call(void* data) {
   const WorkerThreads threads(call->threads);
   const at::ThreadLocalStateGuard state(call->state);
   const c10::WarningUtils::WarningHandlerGuard warnings(call->warnings);
+  if (call->delay_us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(call->delay_us));
+  }
   try {
     call->kernel();
   } catch (...) {
@@ -168,22 +183,34 @@ int run_sync_call(void* data) {
 
 // [doc:run-sync]
 void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
-              int64_t elements) {
+              int64_t elements, const char* op) {
   if (worker_stream() != nullptr) {
     // Already on a worker, in stream order: waiting for the stream here
     // would wait for this very call.
     kernel();
     return;
   }
+  faults::check_not_poisoned(device);
   OpenRegStream stream = getCurrentStream(device);
   stream.synchronize();
+  if (op != nullptr) {
+    if (std::optional<std::string> failure = faults::kernel_fails(device, op)) {
+      // The host waits for this kernel: its failure is raised now.
+      faults::surfaced(device, "the call (it runs synchronously)");
+      throw c10::AcceleratorError({__func__, __FILE__, __LINE__},
+                                  orErrorLaunchFailure,
+                                  "openreg kernel '" + std::string(op) +
+                                      "' failed on the device: " + *failure);
+    }
+  }
   const profiler::InlineKernel trace(device);
   SyncCall call{kernel,
                 thread_cap(elements),
                 at::ThreadLocalState(),
                 c10::WarningUtils::get_warning_handler(),
                 nullptr,
-                stream.native()};
+                stream.native(),
+                faults::kernel_delay_us(device, stream.id())};
   orLaunchAttributes attrs{};
   attrs.hostThreads = call.threads;
   OPENREG_CHECK(
@@ -208,9 +235,10 @@ void launch_async(c10::DeviceIndex device, const std::string& op,
                   KernelBody kernel, int64_t elements) {
   OpenRegStream stream = getCurrentStream(device);
   if (launch_blocking()) {
-    run_sync(device, kernel, elements);
+    run_sync(device, kernel, elements, op.c_str());
     return;
   }
+  faults::check_not_poisoned(device);
   reclaim_finished_tasks();
   const profiler::QueuedKernel trace(stream.unwrap(), op, kernel);
   KernelTask* task = take_task();
@@ -218,6 +246,12 @@ void launch_async(c10::DeviceIndex device, const std::string& op,
   task->op.assign(op);  // reuses the pooled task's buffer
   task->stream = stream.native();
   task->threads = thread_cap(elements);
+  task->delay_us = faults::kernel_delay_us(device, stream.id());
+  if (std::optional<std::string> failure = faults::kernel_fails(device, op)) {
+    task->failure = std::move(*failure);
+  } else if (!task->failure.empty()) {
+    task->failure.clear();  // a pooled task's earlier failure
+  }
   // The runtime keeps a worker that never runs a kernel on more threads
   // than itself, and retires one that might, when idle (openreg.h).
   orLaunchAttributes attrs{};

@@ -23,7 +23,8 @@
 // main one would give that thread an OpenMP pool of its own, which slows
 // every CPU kernel of the process (see docs/runtime.md). `elements` as for
 // launch_async: a call that may also be queued passes the same value on both
-// paths.
+// paths. `op`, when given, names the kernel for faults on demand
+// (core/OpenRegFaults.h).
 #pragma once
 
 #include <c10/core/Device.h>
@@ -40,7 +41,7 @@ void launch_async(c10::DeviceIndex device, const std::string& op,
                   KernelBody kernel, int64_t elements = -1);
 
 void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
-              int64_t elements = -1);
+              int64_t elements = -1, const char* op = nullptr);
 
 // True when OPENREG_LAUNCH_BLOCKING=1.
 bool launch_blocking();

@@ -9,6 +9,12 @@ namespace openreg {
 // Builds the message for a failed runtime call (used by the macros below).
 std::string format_error(orError_t err, const char* expr);
 
+// Throws torch.AcceleratorError for orErrorDeviceLost, naming every lost
+// device and why it was lost (orDeviceGetLossReason). Every later call on
+// those devices raises the same error at once (faults::check_not_poisoned),
+// including those the caching allocator serves without the driver.
+[[noreturn]] void throw_device_lost(const char* expr);
+
 }  // namespace openreg
 
 // Checks a runtime call; throws a c10::Error naming the call and the error.
@@ -17,6 +23,9 @@ std::string format_error(orError_t err, const char* expr);
   do {                                                                  \
     const orError_t openreg_err_ = (EXPR);                              \
     if (C10_UNLIKELY(openreg_err_ != orSuccess)) {                      \
+      if (openreg_err_ == orErrorDeviceLost) {                          \
+        ::openreg::throw_device_lost(#EXPR);                            \
+      }                                                                 \
       TORCH_CHECK_WITH(OutOfMemoryError,                                \
                        openreg_err_ != orErrorMemoryAllocation,         \
                        ::openreg::format_error(openreg_err_, #EXPR));   \

@@ -23,7 +23,11 @@ struct KernelTask {
   KernelBody kernel;
   std::string op;  // names the kernel in deferred errors and the profiler
   orStream_t stream = nullptr;
-  int threads = 0;             // most threads its parallel regions may use
+  int threads = 0;  // most threads its parallel regions may use
+  // Faults on demand (core/OpenRegFaults.h): how long the kernel starts
+  // late, and the failure it reports instead of running ("" : none).
+  int64_t delay_us = 0;
+  std::string failure;
   KernelTask* next = nullptr;  // in the finished list or a free list
 };
 

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "core/OpenRegException.h"
+#include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegKernelTask.h"
 #include "core/OpenRegStream.h"
@@ -90,10 +91,15 @@ void raise_deferred(orError_t err, orStream_t stream, c10::DeviceIndex device) {
       }
     }
   }
-  TORCH_CHECK(false, msg.empty() ? "an openreg kernel failed" : msg,
-              "\n(Kernels run asynchronously: the failure is reported at the "
-              "next synchronization. Set OPENREG_LAUNCH_BLOCKING=1 to raise "
-              "it at the launch.)");
+  // As CUDA reports a kernel's failure (torch.AcceleratorError).
+  faults::surfaced(device, stream != nullptr ? "a stream synchronization"
+                                             : "a device synchronization");
+  throw c10::AcceleratorError(
+      {__func__, __FILE__, __LINE__}, orErrorLaunchFailure,
+      (msg.empty() ? std::string("an openreg kernel failed") : msg) +
+          "\n(Kernels run asynchronously: the failure is reported at the "
+          "next synchronization. Set OPENREG_LAUNCH_BLOCKING=1 to raise it "
+          "at the launch.)");
 }
 
 }  // namespace
@@ -113,6 +119,7 @@ void record_kernel_warning(orStream_t stream, const c10::Warning& warning) {
 
 void synchronize_stream(orStream_t stream, c10::DeviceIndex device,
                         int64_t id) {
+  faults::check_not_poisoned(device);
   if (stream == worker_stream()) {
     // A kernel of this stream waiting for its stream: everything queued
     // before the kernel has finished, everything after waits for it.
@@ -127,6 +134,7 @@ void synchronize_stream(orStream_t stream, c10::DeviceIndex device,
 }
 
 void synchronize_device(c10::DeviceIndex device) {
+  faults::check_not_poisoned(device);
   if (orStream_t own = worker_stream()) {
     int own_device = -1;
     if (orStreamGetDevice(own, &own_device) == orSuccess &&

@@ -11,6 +11,7 @@
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
 #include "core/OpenRegException.h"
+#include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
 
 namespace openreg::distributed {
@@ -239,12 +240,16 @@ class OpenRegWork final : public c10d::Work {
 }  // namespace
 
 ProcessGroupOpenReg::ProcessGroupOpenReg(c10::intrusive_ptr<c10d::Backend> gloo,
-                                         int rank, int size)
-    : c10d::Backend(rank, size), gloo_(std::move(gloo)), completion_index_([] {
+                                         int rank, int size,
+                                         std::chrono::milliseconds timeout)
+    : c10d::Backend(rank, size),
+      gloo_(std::move(gloo)),
+      completion_index_([] {
         // Groups take the completion streams in turn, in creation order.
         static std::atomic<int> next{0};
         return next.fetch_add(1) % kCollectiveCompletionStreams;
-      }()) {
+      }()),
+      timeout_(timeout) {
   TORCH_CHECK(gloo_, "orccl: no Gloo process group given");
   TORCH_CHECK(gloo_->getRank() == rank && gloo_->getSize() == size,
               "orccl: the Gloo process group is rank ", gloo_->getRank(),
@@ -254,6 +259,7 @@ ProcessGroupOpenReg::ProcessGroupOpenReg(c10::intrusive_ptr<c10d::Backend> gloo,
 ProcessGroupOpenReg::~ProcessGroupOpenReg() = default;
 
 void ProcessGroupOpenReg::setTimeout(std::chrono::milliseconds timeout) {
+  timeout_ = timeout;
   gloo_->setTimeout(timeout);
 }
 
@@ -290,6 +296,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch(
   // 0: no thread pool).
   auto state = std::make_shared<CommState>();
   const bool collective = kind == Kind::kCollective;
+  // faults::fail_collective: this rank's part fails, or never arrives (its
+  // peers wait in Gloo until the group's timeout; so does this rank).
+  const faults::CollectiveFault fault =
+      faults::collective_fault(name, getRank());
+  if (fault.action != 0) {
+    const int64_t id = faults::last_collective_fault();
+    const auto timeout = timeout_;
+    issue = [fault, id, timeout]() -> c10::intrusive_ptr<c10d::Work> {
+      std::string msg = fault.message;
+      if (fault.action == 2) {
+        std::this_thread::sleep_for(timeout);
+        msg += ": timed out after " + std::to_string(timeout.count()) + " ms";
+      }
+      faults::surfaced_fault(id,
+                             "the collective's wait or the next "
+                             "synchronization, as c10d's DistBackendError");
+      throw c10::DistBackendError({__func__, __FILE__, __LINE__}, msg);
+    };
+  }
   {
     const c10::StreamGuard on_issue(issue_stream.unwrap());
     launch_async(

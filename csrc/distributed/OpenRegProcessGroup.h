@@ -52,8 +52,10 @@ class ProcessGroupOpenReg final : public c10d::Backend {
  public:
   // `gloo` is a ProcessGroupGloo of the same rank and size (created by the
   // Python creator function on its own store prefix); this backend owns it.
+  // `timeout`: the group's, which a hung collective of this rank waits
+  // (faults::fail_collective).
   ProcessGroupOpenReg(c10::intrusive_ptr<c10d::Backend> gloo, int rank,
-                      int size);
+                      int size, std::chrono::milliseconds timeout);
   ~ProcessGroupOpenReg() override;
 
   const std::string getBackendName() const override { return "orccl"; }
@@ -142,6 +144,7 @@ class ProcessGroupOpenReg final : public c10d::Backend {
   // This group's completion stream on each device: the reserved completion
   // stream of this index (groups take them in turn, see the constructor).
   const int completion_index_;
+  std::chrono::milliseconds timeout_;
 };
 
 }  // namespace openreg::distributed

@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "core/OpenRegException.h"
+#include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegStream.h"
 #include "memory/OpenRegAllocator.h"
@@ -81,6 +82,10 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
     // The caller's stack while history is recorded, gathered before the
     // cache's lock is taken (it may take the GIL).
     auto context = allocator::gather_context(/*free=*/false);
+    faults::check_not_poisoned(device);
+    if (!may_fail && faults::allocation_fails(device, nbytes)) {
+      cache(device).fail_as_full(nbytes, stream);  // faults::fail_allocation
+    }
     Block* block =
         cache(device).malloc(nbytes, stream,
                              may_fail               ? WhenFull::kGiveUp

@@ -103,6 +103,16 @@ Block* DeviceCache::malloc(size_t orig_size, c10::StreamId stream,
   return block;
 }
 
+void DeviceCache::fail_as_full(size_t size, c10::StreamId /*stream*/) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  process_events();
+  flush_recent();
+  release_cached_blocks();
+  ++stats_.num_alloc_retries;
+  ++stats_.num_ooms;
+  raise_oom(size);
+}
+
 void DeviceCache::free(Block* block,
                        std::shared_ptr<c10::GatheredContext> context) {
   std::lock_guard<std::mutex> lock(mutex_);

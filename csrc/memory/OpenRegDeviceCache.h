@@ -107,6 +107,10 @@ class DeviceCache {
   // caller's stack, while history is recorded (gather_context).
   Block* malloc(size_t size, c10::StreamId stream, WhenFull when_full,
                 std::shared_ptr<c10::GatheredContext> context = nullptr);
+  // What a request of `size` bytes on `stream` does when the device is full
+  // (faults::fail_allocation): frees the cache, counts a retry and an OOM,
+  // raises torch.OutOfMemoryError.
+  [[noreturn]] void fail_as_full(size_t size, c10::StreamId stream);
   // Returns an allocated block (after the events of its other streams).
   void free(Block* block,
             std::shared_ptr<c10::GatheredContext> context = nullptr);

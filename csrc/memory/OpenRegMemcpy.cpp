@@ -1,6 +1,7 @@
 #include "memory/OpenRegMemcpy.h"
 
 #include "core/OpenRegException.h"
+#include "core/OpenRegFaults.h"
 #include "profiler/OpenRegProfiler.h"
 
 namespace openreg {
@@ -21,6 +22,7 @@ void memcpy_on_stream(void* dst, const void* src, size_t nbytes,
   if (nbytes == 0) {
     return;
   }
+  faults::check_not_poisoned(stream.device_index());
   const bool pageable =
       (kind == orMemcpyHostToDevice && !is_pinned_range(src)) ||
       (kind == orMemcpyDeviceToHost && !is_pinned_range(dst));

@@ -4,6 +4,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/util/strides.h>
+#include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
@@ -14,6 +15,7 @@
 
 #include "aten/fallback/OpenRegFallbackLog.h"
 #include "core/OpenRegException.h"
+#include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
@@ -357,15 +359,55 @@ PYBIND11_MODULE(_C, m) {
       [](const py::tuple& t) { release_share(share_from_python(t)); },
       py::arg("share"));
   m.def("_ipc_collect", &ipc_collect);
+  // Faults on demand (core/OpenRegFaults.h, torch.openreg.faults).
+  m.def("_fault_fail_allocation", &faults::fail_allocation, py::arg("device"),
+        py::arg("after"), py::arg("min_bytes"));
+  m.def("_fault_fail_kernel", &faults::fail_kernel, py::arg("op"),
+        py::arg("device"), py::arg("after"), py::arg("sticky"));
+  m.def("_fault_delay_kernels", &faults::delay_kernels, py::arg("device"),
+        py::arg("stream"), py::arg("max_us"), py::arg("seed"));
+  m.def("_fault_fail_collective", &faults::fail_collective, py::arg("op"),
+        py::arg("rank"), py::arg("after"), py::arg("hang"));
+  m.def("_fault_disarm", &faults::disarm, py::arg("id"));
+  m.def("_fault_disarm_all", &faults::disarm_all);
+  m.def("_fault_clear_report", &faults::clear_report);
+  m.def("_fault_report", [] {
+    py::list out;
+    for (const faults::Event& e : faults::report()) {
+      py::dict d;
+      d["id"] = e.fault;
+      d["fault"] = e.kind;
+      d[e.kind == "fail_collective" ? "rank" : "device"] = e.device;
+      d["injected"] = e.what;
+      d["surfaced"] = e.surfaced.empty() ? py::object(py::none())
+                                         : py::object(py::str(e.surfaced));
+      out.append(d);
+    }
+    return out;
+  });
+  m.def(
+      "_lose_device",
+      [](int device, const std::string& reason) {
+        lazy_init();
+        OPENREG_CHECK(orSimulateDeviceLoss(device, reason.c_str()));
+        try {
+          // Raised now for this device; the same error for every later call
+          // (throw_device_lost poisons the lost devices).
+          OPENREG_CHECK(orDeviceGetLossReason(device, nullptr, 0));
+        } catch (const c10::AcceleratorError&) {
+        }
+      },
+      py::arg("device"), py::arg("reason"));
   // [doc:c10d-binding]
   m.def(
       "_create_orccl_backend",
-      [](const c10::intrusive_ptr<c10d::Backend>& gloo, int rank,
-         int size) -> c10::intrusive_ptr<c10d::Backend> {
-        return c10::make_intrusive<distributed::ProcessGroupOpenReg>(gloo, rank,
-                                                                     size);
+      [](const c10::intrusive_ptr<c10d::Backend>& gloo, int rank, int size,
+         std::chrono::milliseconds timeout)
+          -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<distributed::ProcessGroupOpenReg>(
+            gloo, rank, size, timeout);
       },
-      py::arg("gloo"), py::arg("rank"), py::arg("size"));
+      py::arg("gloo"), py::arg("rank"), py::arg("size"), py::arg("timeout"));
   // [/doc:c10d-binding]
   m.def(
       "_get_default_generator",

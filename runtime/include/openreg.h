@@ -88,6 +88,11 @@ typedef enum orError_t {
    * /proc/<pid>/fd entry is not accessible (another user or PID namespace,
    * a non-dumpable owner), mmap failed, or too many handles are open. */
   orErrorMapBufferObjectFailed = 14,
+  /* The device is lost: it stopped working (a hardware fault; in the
+   * simulator orSimulateDeviceLoss). Every later call that uses it returns
+   * this code, and its queued work is dropped. orDeviceGetLossReason says
+   * why. Other devices are not affected. */
+  orErrorDeviceLost = 15,
 } orError_t;
 
 /* A static, human readable description of an error code ("out of memory").
@@ -133,6 +138,18 @@ OPENREG_API orError_t orMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 /* Blocks until every stream of the current device has drained, then returns
  * (and clears) the first kernel error reported on that device, if any. */
 OPENREG_API orError_t orDeviceSynchronize(void);
+/* orSuccess (and an empty `reason`) if `device` works; orErrorDeviceLost if
+ * it is lost, with what happened in `reason` (at most size - 1 characters,
+ * NUL-terminated; reason may be NULL when size is 0). */
+OPENREG_API orError_t orDeviceGetLossReason(int device, char* reason,
+                                            size_t size);
+/* SIMULATOR ONLY (a driver for real hardware returns orErrorInvalidValue):
+ * makes `device` lost, as a hardware fault would, for tests of the lost-
+ * device paths. The kernel it runs now finishes; its queued work is dropped
+ * (events recorded on it still complete, so nothing waits forever); every
+ * later call that uses it returns orErrorDeviceLost. `reason` (may be NULL)
+ * is what orDeviceGetLossReason reports. */
+OPENREG_API orError_t orSimulateDeviceLoss(int device, const char* reason);
 /* Stream priorities accepted by orStreamCreateWithPriority: lower numbers are
  * higher priority, as in CUDA. */
 OPENREG_API orError_t orDeviceGetStreamPriorityRange(int* least, int* greatest);

@@ -351,8 +351,51 @@ orError_t orDeviceSynchronize(void) {
       first = err;
     }
   }
-  return first;
+  return first != orSuccess ? first : check_not_lost(dev);
 }
+
+orError_t orDeviceGetLossReason(int device, char* reason, size_t size) {
+  if (reason == nullptr && size != 0) {
+    return orErrorInvalidValue;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  Device* dev = device_at(device);
+  if (dev == nullptr) {
+    return orErrorInvalidDevice;
+  }
+  if (size != 0) {
+    reason[0] = '\0';
+  }
+  if (!dev->lost.load(std::memory_order_acquire)) {
+    return orSuccess;
+  }
+  if (size != 0) {
+    std::lock_guard<std::mutex> lock(dev->lost_mutex);
+    std::snprintf(reason, size, "%s", dev->lost_reason.c_str());
+  }
+  return orErrorDeviceLost;
+}
+
+// [doc:device-loss]
+orError_t orSimulateDeviceLoss(int device, const char* reason) {
+  OR_RETURN_IF_ERROR(ensure_init());
+  Device* dev = device_at(device);
+  if (dev == nullptr) {
+    return orErrorInvalidDevice;
+  }
+  {
+    std::lock_guard<std::mutex> lock(dev->lost_mutex);
+    if (dev->lost.load(std::memory_order_relaxed)) {
+      return orSuccess;  // lost once: the first reason stays
+    }
+    dev->lost_reason = reason != nullptr ? reason : "lost (simulated)";
+  }
+  // From now on the workers drop what they have not started, and every
+  // call that uses the device fails.
+  dev->lost.store(true, std::memory_order_release);
+  return orSuccess;
+}
+// [/doc:device-loss]
 
 orError_t orDeviceGetStreamPriorityRange(int* least, int* greatest) {
   if (least == nullptr || greatest == nullptr) {

@@ -43,6 +43,9 @@ constexpr ErrorInfo kErrors[] = {
      "the memory of another process could not be mapped (its /proc/<pid>/fd "
      "entry is not accessible: another user or PID namespace; mmap failed; "
      "or too many IPC handles are open)"},
+    {orErrorDeviceLost, "orErrorDeviceLost",
+     "the device is lost (it stopped working; orDeviceGetLossReason says "
+     "why): its work was dropped and every call that uses it fails"},
 };
 
 const ErrorInfo* find(orError_t error) {

@@ -77,6 +77,7 @@ orError_t orEventRecord(orEvent_t event, orStream_t stream) {
   if (stream->device() != event->dev) {
     return orErrorInvalidResourceHandle;
   }
+  OR_RETURN_IF_ERROR(check_not_lost(event->dev));
   std::shared_ptr<EventState> st = event->state;
   uint64_t version = 0;
   {
@@ -106,6 +107,7 @@ orError_t orEventQuery(orEvent_t event) {
     return orErrorInvalidResourceHandle;
   }
   OR_RETURN_IF_ERROR(ensure_init());
+  OR_RETURN_IF_ERROR(check_not_lost(event->dev));
   std::lock_guard<std::mutex> lock(event->state->mu);
   return event->state->done_locked(event->state->recorded) ? orSuccess
                                                            : orErrorNotReady;
@@ -117,10 +119,12 @@ orError_t orEventSynchronize(orEvent_t event) {
   }
   OR_RETURN_IF_ERROR(ensure_init());
   EventState& st = *event->state;
-  std::unique_lock<std::mutex> lock(st.mu);
-  uint64_t target = st.recorded;
-  st.cv.wait(lock, [&] { return st.done_locked(target); });
-  return orSuccess;
+  {
+    std::unique_lock<std::mutex> lock(st.mu);
+    uint64_t target = st.recorded;
+    st.cv.wait(lock, [&] { return st.done_locked(target); });
+  }
+  return check_not_lost(event->dev);
 }
 
 orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event) {

@@ -235,6 +235,7 @@ orError_t orMalloc(void** ptr, size_t size) {
     return orSuccess;
   }
   Device* dev = device_at(current_device());
+  OR_RETURN_IF_ERROR(check_not_lost(dev));
   if (size > dev->capacity) {
     return orErrorMemoryAllocation;
   }
@@ -348,6 +349,8 @@ orError_t orMemcpy(void* dst, const void* src, size_t count,
   DeviceRange dst_range;
   DeviceRange src_range;
   OR_RETURN_IF_ERROR(check_copy(dst, src, count, kind, &dst_range, &src_range));
+  OR_RETURN_IF_ERROR(check_not_lost(dst_range.dev));
+  OR_RETURN_IF_ERROR(check_not_lost(src_range.dev));
   if (count == 0) {
     return orSuccess;
   }
@@ -371,6 +374,9 @@ orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
   if (stream == nullptr) {
     stream = device_at(current_device())->default_stream;
   }
+  OR_RETURN_IF_ERROR(check_not_lost(dst_range.dev));
+  OR_RETURN_IF_ERROR(check_not_lost(src_range.dev));
+  OR_RETURN_IF_ERROR(check_not_lost(stream->device()));
   if (count == 0) {
     return orSuccess;
   }
@@ -396,6 +402,7 @@ orError_t orMemset(void* dst, int value, size_t count) {
   if (!find_device_range(dst, &range) || !range_is_valid(range, dst, count)) {
     return orErrorInvalidDevicePointer;
   }
+  OR_RETURN_IF_ERROR(check_not_lost(range.dev));
   OR_RETURN_IF_ERROR(range.dev->default_stream->synchronize());
   std::memset(kernel_ptr(range, dst), value, count);
   return orSuccess;

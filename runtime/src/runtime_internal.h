@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -51,6 +52,11 @@ struct Device {
   size_t used = 0;                       // bytes in live blocks
   // The export table mapped read-write, after the first orIpcGetMemHandle.
   std::atomic<uint64_t>* export_table = nullptr;
+
+  // Lost (orSimulateDeviceLoss): set once, never cleared.
+  std::atomic<bool> lost{false};
+  std::mutex lost_mutex;    // guards lost_reason
+  std::string lost_reason;  // set before `lost`
 
   std::mutex streams_mutex;          // guards `streams`
   std::set<Stream*> streams;         // every live stream of the device
@@ -95,6 +101,12 @@ struct DeviceRange {
 // The range that contains p: the arenas first (the hot path), then the
 // imported allocations. False for host memory.
 bool find_device_range(const void* p, DeviceRange* out);
+// orErrorDeviceLost if `dev` (may be null) is lost.
+inline orError_t check_not_lost(const Device* dev) {
+  return dev != nullptr && dev->lost.load(std::memory_order_acquire)
+             ? orErrorDeviceLost
+             : orSuccess;
+}
 // The imported allocation that contains p (ipc.cpp). Lock-free and
 // async-signal-safe, so the fault handler uses it too.
 bool find_imported(const void* p, DeviceRange* out);

@@ -162,7 +162,7 @@ orError_t orStream::synchronize() {
   std::lock_guard<std::mutex> lock(mu_);
   orError_t err = error_;
   error_ = orSuccess;
-  return err;
+  return err != orSuccess ? err : openreg_rt::check_not_lost(dev_);
 }
 
 void orStream::record_error(orError_t err) {
@@ -247,7 +247,12 @@ void orStream::run() {
       notify_waiters(completed_.fetch_add(1, std::memory_order_seq_cst) + 1);
       continue;
     }
-    if (task.kernel != nullptr) {
+    if (dev_->lost.load(std::memory_order_acquire)) {
+      // A lost device runs nothing more: the task is dropped (a kernel's
+      // user_data is not handed back; whoever waits sees
+      // orErrorDeviceLost).
+      task.fn = nullptr;
+    } else if (task.kernel != nullptr) {
       may_hold_threads = may_hold_threads || task.host_threads;
       if (task.kernel(task.user_data) != 0) {
         record_error(orErrorLaunchFailure);
@@ -347,6 +352,7 @@ orError_t orStreamGetDevice(orStream_t stream, int* device) {
 orError_t orStreamQuery(orStream_t stream) {
   OR_RETURN_IF_ERROR(ensure_init());
   resolve(&stream);
+  OR_RETURN_IF_ERROR(check_not_lost(stream->device()));
   return stream->idle() ? orSuccess : orErrorNotReady;
 }
 
@@ -370,6 +376,7 @@ orError_t orLaunchKernelEx(orStream_t stream, orKernelFn fn, void* user_data,
   }
   OR_RETURN_IF_ERROR(ensure_init());
   resolve(&stream);
+  OR_RETURN_IF_ERROR(check_not_lost(stream->device()));
   stream->enqueue_kernel(fn, user_data, attrs.hostThreads);
   return orSuccess;
 }

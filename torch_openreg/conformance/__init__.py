@@ -33,6 +33,7 @@ TOPIC_MODULES = (
     "device_module",
     "distributed",
     "compile",
+    "faults",
 )
 for _module in TOPIC_MODULES:
     importlib.import_module(f".{_module}", __name__)

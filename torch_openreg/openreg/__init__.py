@@ -15,7 +15,7 @@ import torch
 
 from torch_openreg import _C
 
-from . import amp, memory, random, sanitizer, storages, streams, tensors
+from . import amp, faults, memory, random, sanitizer, storages, streams, tensors
 from .amp import (  # noqa: F401  (the device-module AMP functions torch.autocast asks for)
     get_amp_supported_dtype,
     get_autocast_dtype,
@@ -39,6 +39,7 @@ __all__ = [
     "device_memory_used",
     "device_of",
     "fallback_ops",
+    "faults",
     "get_arch_list",
     "get_device_capability",
     "get_device_name",

@@ -352,7 +352,7 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
         at::AutoDispatchBelowADInplaceOrView below_autograd;
         op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
       },
-      call_elements(originals));
+      call_elements(originals), traits.display_name.c_str());
   recording.reset();
 
   SyncRun run;

@@ -207,6 +207,7 @@ TEST(ErrorStringTest, EveryCodeHasItsNameAndADistinctDescription) {
       {orErrorInvalidHostPointer, 12, "orErrorInvalidHostPointer"},
       {orErrorIpcSameProcess, 13, "orErrorIpcSameProcess"},
       {orErrorMapBufferObjectFailed, 14, "orErrorMapBufferObjectFailed"},
+      {orErrorDeviceLost, 15, "orErrorDeviceLost"},
   };
   std::set<std::string> descriptions;
   for (const Expected& e : kAll) {
@@ -226,9 +227,9 @@ TEST(ErrorStringTest, EveryCodeHasItsNameAndADistinctDescription) {
 }
 
 TEST(ErrorStringTest, UnknownCodes) {
-  // The value a C++ caller can form without UB (the enum's range is 0..15);
+  // The value a C++ caller can form without UB (the enum's range is 0..31);
   // the lookup treats any other int the same way.
-  for (int code : {15}) {
+  for (int code : {16, 31}) {
     SCOPED_TRACE(code);
     auto err = static_cast<orError_t>(code);
     ASSERT_NE(nullptr, orGetErrorString(err));

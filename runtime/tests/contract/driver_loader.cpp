@@ -20,76 +20,80 @@
 #include <vector>
 
 // Every function of the C ABI: X(return type, name, (parameters), (arguments)).
-#define OPENREG_DRIVER_API(X)                                                \
-  X(const char*, orGetErrorString, (orError_t error), (error))               \
-  X(const char*, orGetErrorName, (orError_t error), (error))                 \
-  X(orError_t, orInit, (void), ())                                           \
-  X(orError_t, orRuntimeGetVersion, (int* version), (version))               \
-  X(orError_t, orGetDeviceCount, (int* count), (count))                      \
-  X(orError_t, orSetDevice, (int device), (device))                          \
-  X(orError_t, orGetDevice, (int* device), (device))                         \
-  X(orError_t, orGetDeviceProperties, (orDeviceProp * prop, int device),     \
-    (prop, device))                                                          \
-  X(orError_t, orMemGetInfo, (size_t * free_bytes, size_t * total_bytes),    \
-    (free_bytes, total_bytes))                                               \
-  X(orError_t, orDeviceSynchronize, (void), ())                              \
-  X(orError_t, orDeviceGetStreamPriorityRange, (int* least, int* greatest),  \
-    (least, greatest))                                                       \
-  X(orError_t, orMalloc, (void** ptr, size_t size), (ptr, size))             \
-  X(orError_t, orFree, (void* ptr), (ptr))                                   \
-  X(orError_t, orMallocHost, (void** ptr, size_t size), (ptr, size))         \
-  X(orError_t, orFreeHost, (void* ptr), (ptr))                               \
-  X(orError_t, orPointerGetAttributes,                                       \
-    (orPointerAttributes * attributes, const void* ptr), (attributes, ptr))  \
-  X(orError_t, orMemcpy,                                                     \
-    (void* dst, const void* src, size_t count, orMemcpyKind kind),           \
-    (dst, src, count, kind))                                                 \
-  X(orError_t, orMemcpyAsync,                                                \
-    (void* dst, const void* src, size_t count, orMemcpyKind kind,            \
-     orStream_t stream),                                                     \
-    (dst, src, count, kind, stream))                                         \
-  X(orError_t, orMemset, (void* dst, int value, size_t count),               \
-    (dst, value, count))                                                     \
-  X(orError_t, orGetKernelPointer,                                           \
-    (void** kernel_ptr, const void* device_ptr), (kernel_ptr, device_ptr))   \
-  X(orError_t, orIpcGetMemHandle, (orIpcMemHandle_t * handle, void* devPtr), \
-    (handle, devPtr))                                                        \
-  X(orError_t, orIpcOpenMemHandle,                                           \
-    (void** devPtr, orIpcMemHandle_t handle, unsigned int flags),            \
-    (devPtr, handle, flags))                                                 \
-  X(orError_t, orIpcCloseMemHandle, (void* devPtr), (devPtr))                \
-  X(orError_t, orDeviceGetDefaultStream, (int device, orStream_t* stream),   \
-    (device, stream))                                                        \
-  X(orError_t, orStreamCreate, (orStream_t * stream), (stream))              \
-  X(orError_t, orStreamCreateWithPriority,                                   \
-    (orStream_t * stream, int priority), (stream, priority))                 \
-  X(orError_t, orStreamDestroy, (orStream_t stream), (stream))               \
-  X(orError_t, orStreamGetPriority, (orStream_t stream, int* priority),      \
-    (stream, priority))                                                      \
-  X(orError_t, orStreamGetDevice, (orStream_t stream, int* device),          \
-    (stream, device))                                                        \
-  X(orError_t, orStreamQuery, (orStream_t stream), (stream))                 \
-  X(orError_t, orStreamSynchronize, (orStream_t stream), (stream))           \
-  X(orError_t, orStreamWaitEvent, (orStream_t stream, orEvent_t event),      \
-    (stream, event))                                                         \
-  X(orError_t, orLaunchKernel,                                               \
-    (orStream_t stream, orKernelFn fn, void* user_data),                     \
-    (stream, fn, user_data))                                                 \
-  X(orError_t, orLaunchKernelEx,                                             \
-    (orStream_t stream, orKernelFn fn, void* user_data,                      \
-     const orLaunchAttributes* attributes),                                  \
-    (stream, fn, user_data, attributes))                                     \
-  X(orError_t, orEventCreateWithFlags,                                       \
-    (orEvent_t * event, unsigned int flags), (event, flags))                 \
-  X(orError_t, orEventCreate, (orEvent_t * event), (event))                  \
-  X(orError_t, orEventDestroy, (orEvent_t event), (event))                   \
-  X(orError_t, orEventRecord, (orEvent_t event, orStream_t stream),          \
-    (event, stream))                                                         \
-  X(orError_t, orEventQuery, (orEvent_t event), (event))                     \
-  X(orError_t, orEventSynchronize, (orEvent_t event), (event))               \
-  X(orError_t, orEventElapsedTime,                                           \
-    (float* ms, orEvent_t start, orEvent_t end), (ms, start, end))           \
-  X(orError_t, orEventGetDevice, (orEvent_t event, int* device),             \
+#define OPENREG_DRIVER_API(X)                                                  \
+  X(const char*, orGetErrorString, (orError_t error), (error))                 \
+  X(const char*, orGetErrorName, (orError_t error), (error))                   \
+  X(orError_t, orInit, (void), ())                                             \
+  X(orError_t, orRuntimeGetVersion, (int* version), (version))                 \
+  X(orError_t, orGetDeviceCount, (int* count), (count))                        \
+  X(orError_t, orSetDevice, (int device), (device))                            \
+  X(orError_t, orGetDevice, (int* device), (device))                           \
+  X(orError_t, orGetDeviceProperties, (orDeviceProp * prop, int device),       \
+    (prop, device))                                                            \
+  X(orError_t, orMemGetInfo, (size_t * free_bytes, size_t * total_bytes),      \
+    (free_bytes, total_bytes))                                                 \
+  X(orError_t, orDeviceSynchronize, (void), ())                                \
+  X(orError_t, orDeviceGetLossReason, (int device, char* reason, size_t size), \
+    (device, reason, size))                                                    \
+  X(orError_t, orSimulateDeviceLoss, (int device, const char* reason),         \
+    (device, reason))                                                          \
+  X(orError_t, orDeviceGetStreamPriorityRange, (int* least, int* greatest),    \
+    (least, greatest))                                                         \
+  X(orError_t, orMalloc, (void** ptr, size_t size), (ptr, size))               \
+  X(orError_t, orFree, (void* ptr), (ptr))                                     \
+  X(orError_t, orMallocHost, (void** ptr, size_t size), (ptr, size))           \
+  X(orError_t, orFreeHost, (void* ptr), (ptr))                                 \
+  X(orError_t, orPointerGetAttributes,                                         \
+    (orPointerAttributes * attributes, const void* ptr), (attributes, ptr))    \
+  X(orError_t, orMemcpy,                                                       \
+    (void* dst, const void* src, size_t count, orMemcpyKind kind),             \
+    (dst, src, count, kind))                                                   \
+  X(orError_t, orMemcpyAsync,                                                  \
+    (void* dst, const void* src, size_t count, orMemcpyKind kind,              \
+     orStream_t stream),                                                       \
+    (dst, src, count, kind, stream))                                           \
+  X(orError_t, orMemset, (void* dst, int value, size_t count),                 \
+    (dst, value, count))                                                       \
+  X(orError_t, orGetKernelPointer,                                             \
+    (void** kernel_ptr, const void* device_ptr), (kernel_ptr, device_ptr))     \
+  X(orError_t, orIpcGetMemHandle, (orIpcMemHandle_t * handle, void* devPtr),   \
+    (handle, devPtr))                                                          \
+  X(orError_t, orIpcOpenMemHandle,                                             \
+    (void** devPtr, orIpcMemHandle_t handle, unsigned int flags),              \
+    (devPtr, handle, flags))                                                   \
+  X(orError_t, orIpcCloseMemHandle, (void* devPtr), (devPtr))                  \
+  X(orError_t, orDeviceGetDefaultStream, (int device, orStream_t* stream),     \
+    (device, stream))                                                          \
+  X(orError_t, orStreamCreate, (orStream_t * stream), (stream))                \
+  X(orError_t, orStreamCreateWithPriority,                                     \
+    (orStream_t * stream, int priority), (stream, priority))                   \
+  X(orError_t, orStreamDestroy, (orStream_t stream), (stream))                 \
+  X(orError_t, orStreamGetPriority, (orStream_t stream, int* priority),        \
+    (stream, priority))                                                        \
+  X(orError_t, orStreamGetDevice, (orStream_t stream, int* device),            \
+    (stream, device))                                                          \
+  X(orError_t, orStreamQuery, (orStream_t stream), (stream))                   \
+  X(orError_t, orStreamSynchronize, (orStream_t stream), (stream))             \
+  X(orError_t, orStreamWaitEvent, (orStream_t stream, orEvent_t event),        \
+    (stream, event))                                                           \
+  X(orError_t, orLaunchKernel,                                                 \
+    (orStream_t stream, orKernelFn fn, void* user_data),                       \
+    (stream, fn, user_data))                                                   \
+  X(orError_t, orLaunchKernelEx,                                               \
+    (orStream_t stream, orKernelFn fn, void* user_data,                        \
+     const orLaunchAttributes* attributes),                                    \
+    (stream, fn, user_data, attributes))                                       \
+  X(orError_t, orEventCreateWithFlags,                                         \
+    (orEvent_t * event, unsigned int flags), (event, flags))                   \
+  X(orError_t, orEventCreate, (orEvent_t * event), (event))                    \
+  X(orError_t, orEventDestroy, (orEvent_t event), (event))                     \
+  X(orError_t, orEventRecord, (orEvent_t event, orStream_t stream),            \
+    (event, stream))                                                           \
+  X(orError_t, orEventQuery, (orEvent_t event), (event))                       \
+  X(orError_t, orEventSynchronize, (orEvent_t event), (event))                 \
+  X(orError_t, orEventElapsedTime,                                             \
+    (float* ms, orEvent_t start, orEvent_t end), (ms, start, end))             \
+  X(orError_t, orEventGetDevice, (orEvent_t event, int* device),               \
     (event, device))
 
 namespace {

@@ -7,10 +7,13 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "test_util.h"
 
@@ -219,6 +222,83 @@ TEST_F(SimulatedDeviceTest, StreamWorkersAreNamedAfterTheirDeviceAndStream) {
   OR_ASSERT_OK(orStreamSynchronize(side));
   EXPECT_EQ("openreg0-strm", name);
   OR_ASSERT_OK(orStreamDestroy(side));
+}
+
+}  // namespace
+
+namespace {
+
+std::atomic<bool> g_started{false};
+
+int SleepThenCount(void* counter) {
+  g_started = true;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ++*static_cast<std::atomic<int>*>(counter);
+  return 0;
+}
+
+int Count(void* counter) {
+  ++*static_cast<std::atomic<int>*>(counter);
+  return 0;
+}
+
+// orSimulateDeviceLoss: device 1 is lost while a kernel runs and another
+// waits; the running one finishes, the waiting one is dropped, every call on
+// device 1 fails with orErrorDeviceLost, device 0 keeps working. In a child
+// process: a lost device stays lost.
+[[noreturn]] void LoseDeviceOne() {
+  std::atomic<int> ran{0};
+  orSetDevice(1);
+  void* before = nullptr;
+  orMalloc(&before, 4096);
+  orStream_t s = nullptr;
+  orStreamCreate(&s);
+  orEvent_t e = nullptr;
+  orEventCreate(&e);
+  orLaunchKernel(s, SleepThenCount, &ran);
+  orLaunchKernel(s, Count, &ran);
+  orEventRecord(e, s);
+  while (!g_started) {
+    std::this_thread::yield();  // the first kernel runs when the loss comes
+  }
+  orError_t lose = orSimulateDeviceLoss(1, "test fault");
+  orError_t sync = orStreamSynchronize(s);
+  orError_t event_sync = orEventSynchronize(e);
+  void* p = nullptr;
+  orError_t malloc_err = orMalloc(&p, 4096);
+  orError_t launch = orLaunchKernel(s, Count, &ran);
+  orError_t device_sync = orDeviceSynchronize();
+  char reason[64];
+  orError_t query = orDeviceGetLossReason(1, reason, sizeof(reason));
+  orError_t free_err = orFree(before);  // its memory is gone: no error
+  orSetDevice(0);
+  std::atomic<int> ran0{0};
+  orError_t launch0 = orLaunchKernel(nullptr, Count, &ran0);
+  orError_t sync0 = orDeviceSynchronize();
+  char reason0[8];
+  orError_t query0 = orDeviceGetLossReason(0, reason0, sizeof(reason0));
+  std::fprintf(stderr,
+               "[lose=%s sync=%s event=%s malloc=%s launch=%s device=%s "
+               "query=%s reason=%s free=%s ran=%d | launch0=%s sync0=%s "
+               "query0=%s ran0=%d]\n",
+               orGetErrorName(lose), orGetErrorName(sync),
+               orGetErrorName(event_sync), orGetErrorName(malloc_err),
+               orGetErrorName(launch), orGetErrorName(device_sync),
+               orGetErrorName(query), reason, orGetErrorName(free_err),
+               ran.load(), orGetErrorName(launch0), orGetErrorName(sync0),
+               orGetErrorName(query0), ran0.load());
+  std::fflush(stderr);
+  _exit(0);
+}
+
+TEST_F(DeviceEnvDeathTest, LostDeviceFailsEveryCallAndSparesTheOthers) {
+  EXPECT_EXIT(
+      LoseDeviceOne(), ::testing::ExitedWithCode(0),
+      "\\[lose=orSuccess sync=orErrorDeviceLost event=orErrorDeviceLost "
+      "malloc=orErrorDeviceLost launch=orErrorDeviceLost "
+      "device=orErrorDeviceLost query=orErrorDeviceLost reason=test fault "
+      "free=orSuccess ran=1 \\| launch0=orSuccess sync0=orSuccess "
+      "query0=orSuccess ran0=1\\]");
 }
 
 }  // namespace
