@@ -267,7 +267,7 @@ def test_cli(tmp_path):
     proc = run_python(code, tmp_path, env=kit_env())
     assert proc.returncode == 0, describe(proc)
     listed, bad_topic, bad_device = proc.stdout.strip().splitlines()
-    assert re.fullmatch(r"0 \d+ checks over 18 topics", listed), listed
+    assert re.fullmatch(r"0 \d+ checks over 19 topics", listed), listed
     assert bad_topic.startswith("2 error: unknown topic(s) ['nope']"), bad_topic
     assert bad_device.startswith("2 error: 'cuda' is not the current accelerator"), bad_device
 
@@ -291,3 +291,23 @@ def test_runs_as_a_standalone_package(tmp_path):
     assert proc.returncode == 0, describe(proc)
     assert "# Conformance report card: `openreg`" in proc.stdout
     assert proc.stdout.strip().splitlines()[-1] == "13 passed, 0 failed, 1 skipped"
+
+
+def test_layout_refusal_is_a_skip_and_a_raw_dispatcher_error_a_failure():
+    from torch_openreg.conformance import core, layouts
+
+    ctx = None  # _on_device does not use it
+
+    def refuse():
+        raise NotImplementedError("mydev does not support sparse tensors; use the CPU")
+
+    def raw():
+        raise NotImplementedError(
+            "Could not run 'aten::_to_sparse' with arguments from the 'Sparsemydev' backend."
+        )
+
+    with pytest.raises(core.Skip, match="refuses sparse COO tensors: mydev does not support"):
+        layouts._on_device(ctx, "sparse COO", refuse)
+    with pytest.raises(core.Failure, match="raw dispatcher error"):
+        layouts._on_device(ctx, "sparse COO", raw)
+    assert layouts._on_device(ctx, "nested", lambda: 5) == 5

@@ -224,22 +224,6 @@ def test_quantized_tensors_are_refused_clearly(make):
 
 
 @pytest.mark.parametrize(
-    "make",
-    [
-        lambda: torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2), (3,), device=D),
-        lambda: torch.ones(3).to_sparse().to(D),
-        lambda: torch.ones(3, device=D).to_sparse(),
-    ],
-    ids=["sparse_coo_tensor", "to", "to_sparse"],
-)
-def test_sparse_tensors_are_refused_clearly(make):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(NotImplementedError, match="openreg .*support.* (sparse|strided)"):
-            make()
-
-
-@pytest.mark.parametrize(
     "call",
     [
         lambda x, i: x[i],

@@ -732,14 +732,6 @@ def test_group_norm_and_addr_run_the_cpu_kernel_in_half_precision(dtype):
     )
 
 
-def test_sparse_result_raises_not_implemented():
-    """openreg has only strided tensors: an op whose CPU kernel returns a sparse
-    tensor raises NotImplementedError saying so."""
-    x = torch.eye(3, device="openreg")
-    with pytest.raises(NotImplementedError, match="only strided tensors.*_to_sparse"):
-        x.to_sparse()
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32])
 def test_relu_is_the_cpu_composition(dtype):
     # relu is registered as the CPU's own composition (clamp_min), so it runs

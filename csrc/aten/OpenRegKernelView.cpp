@@ -100,6 +100,15 @@ at::Tensor KernelViews::view(const at::Tensor& t, bool resizable) {
   return v;
 }
 
+at::Tensor KernelViews::view_of_temporary(const at::Tensor& t) {
+  TORCH_INTERNAL_ASSERT(t.device().type() == c10::DeviceType::PrivateUse1);
+  const c10::Storage& storage = t.storage();
+  Entry& e = entry(storage.unsafeGetStorageImpl(), &storage, storage.data(),
+                   storage.nbytes());
+  return make_view(e.cpu_storage, t.dtype(), t.sizes(), t.strides(),
+                   t.storage_offset(), t.is_conj(), t.is_neg());
+}
+
 at::Tensor KernelViews::view(const DeviceTensorRef& t) {
   for (const auto& [seen, v] : views_) {
     if (seen == &t) {

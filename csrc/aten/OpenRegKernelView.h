@@ -51,6 +51,11 @@ struct DeviceTensorRef {
 class KernelViews {
  public:
   at::Tensor view(const at::Tensor& t, bool resizable = false);
+  // The view of a temporary device tensor (a part a sparse or nested tensor
+  // hands out as a new TensorImpl each time): not remembered by its
+  // TensorImpl, whose address the next temporary may reuse; it still shares
+  // the CPU storage of every other view of its device storage.
+  at::Tensor view_of_temporary(const at::Tensor& t);
   // The view of a captured tensor (one per DeviceTensorRef object).
   at::Tensor view(const DeviceTensorRef& t);
 

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <vector>
 
+#include "aten/fallback/OpenRegFallback.h"
 #include "aten/fallback/OpenRegFallbackLog.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
@@ -288,6 +289,8 @@ PYBIND11_MODULE(_C, m) {
   set_host_wait_hook(&wait_without_gil);
   static const int routed = route_generic_ops_to_fallback();
   m.attr("_generic_ops_routed") = routed;
+  static const int layout_routed = route_layout_ops_to_fallback();
+  m.attr("_layout_ops_routed") = layout_routed;
 
   py::class_<DeviceProperties>(m, "_OpenRegDeviceProperties")
       .def_readonly("name", &DeviceProperties::name)

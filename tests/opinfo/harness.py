@@ -398,33 +398,6 @@ def cpu_twin(sample):
     return _host_devices(tree_map(Twin("cpu"), (sample.input, sample.args, sample.kwargs)))
 
 
-def _strided(t):
-    return t.layout == torch.strided
-
-
-def sparse_layouts(*objs):
-    """The non-strided layouts among the tensors of objs (sorted names)."""
-    found = set()
-    for obj in objs:
-        for t in tensors_in(obj):
-            if not _strided(t):
-                found.add(str(t.layout).replace("torch.", ""))
-    return sorted(found)
-
-
-def sparse_skip(exc, *cpu_objs):
-    """The skip reason when openreg rejects a sparse tensor, else None.
-
-    openreg supports only strided tensors; a sample whose CPU run takes or
-    returns a sparse tensor and whose openreg run raises NotImplementedError
-    is skipped with this reason instead of being counted as a failure.
-    """
-    layouts = sparse_layouts(*cpu_objs)
-    if layouts and isinstance(exc, NotImplementedError):
-        return f"sparse layout ({', '.join(layouts)}): openreg supports only strided tensors"
-    return None
-
-
 # ---------------------------------------------------------------------------
 # Forward
 
@@ -437,25 +410,17 @@ def check_forward(op, sample):
         expected = _call(op, *cpu)
     except Exception as exc:  # noqa: BLE001
         return "skip", cpu_raises(exc)
-    return run_and_compare(
-        lambda: _call(op, sample.input, sample.args, sample.kwargs), expected, (cpu, expected)
-    )
+    return run_and_compare(lambda: _call(op, sample.input, sample.args, sample.kwargs), expected)
 
 
-def run_and_compare(run_device, expected, cpu_objs, path="result"):
-    """Runs the openreg side, waits for it, and compares with `expected`.
-
-    A failure is a skip when openreg rejects a sparse tensor the CPU run
-    used (`cpu_objs`); a pending kernel error is drained either way.
-    """
+def run_and_compare(run_device, expected, path="result"):
+    """Runs the openreg side, waits for it, and compares with `expected`; a
+    pending kernel error is drained on failure."""
     try:
         actual = run_device()
         synchronize()
     except Exception as exc:  # noqa: BLE001
         _drain()
-        reason = sparse_skip(exc, *cpu_objs)
-        if reason is not None:
-            return "skip", reason
         return "fail", first_line(exc)
     try:
         compare(actual, expected, path)
@@ -505,14 +470,11 @@ def _real_sum(t):
     return s.real + s.imag if s.is_complex() else s
 
 
-def _grad_once(op, sample, inputs, layouts=None):
+def _grad_once(op, sample, inputs):
     """Gradients of the outputs' sum w.r.t. the inputs that require grad, or
-    None when there are none; appends the outputs' non-strided layouts to
-    `layouts` (the CPU run's, for sparse_skip)."""
+    None when there are none."""
     wrt = [t for t in tensors_in(inputs) if t.requires_grad and _differentiable(t)]
     out = _call(op, *inputs)
-    if layouts is not None:
-        layouts.extend(t for t in tensors_in(out) if not _strided(t))
     out = sample.output_process_fn_grad(out)
     outs = [t for t in tensors_in(out) if _differentiable(t) and t.requires_grad and t.grad_fn]
     if not wrt or not outs:
@@ -525,9 +487,8 @@ def _grad_once(op, sample, inputs, layouts=None):
 def check_grad(op, sample):
     cpu = cpu_twin(sample)
     dev = tree_map(_leaf, (sample.input, sample.args, sample.kwargs))
-    cpu_sparse_outputs = []
     try:
-        expected = _grad_once(op, sample, cpu, cpu_sparse_outputs)
+        expected = _grad_once(op, sample, cpu)
     except Exception as exc:  # noqa: BLE001
         return "skip", cpu_raises(exc)
     if expected is None:
@@ -535,9 +496,7 @@ def check_grad(op, sample):
             "no differentiable input/output: no floating/complex output with a grad_fn "
             "(it is an input itself, or integer/boolean)"
         )
-    return run_and_compare(
-        lambda: _grad_once(op, sample, dev), expected, (cpu, cpu_sparse_outputs), "grad"
-    )
+    return run_and_compare(lambda: _grad_once(op, sample, dev), expected, "grad")
 
 
 # ---------------------------------------------------------------------------
@@ -549,18 +508,96 @@ def check_grad(op, sample):
 SEED = 0
 
 
+# Sparse layouts an OpInfo may support, with the attribute that says so
+# (``--sparse``: the samples of ``op.sample_inputs_sparse``).
+SPARSE_LAYOUTS = {
+    "sparse_coo": (torch.sparse_coo, "supports_sparse"),
+    "sparse_csr": (torch.sparse_csr, "supports_sparse_csr"),
+    "sparse_csc": (torch.sparse_csc, "supports_sparse_csc"),
+    "sparse_bsr": (torch.sparse_bsr, "supports_sparse_bsr"),
+    "sparse_bsc": (torch.sparse_bsc, "supports_sparse_bsc"),
+}
+# The layout whose samples _samples makes (None: the strided ones).
+_SAMPLE_LAYOUT = None
+
+
 def _samples(op, dtype, requires_grad, device=DEVICE):
     """The OpInfo's samples made on openreg, as PyTorch's device-generic tests
     make them on CUDA (index arguments an op wants on the host stay there)."""
+    if _SAMPLE_LAYOUT is not None:
+        return _sparse_samples(op, SPARSE_LAYOUTS[_SAMPLE_LAYOUT][0], dtype, requires_grad, device)
     return op.sample_inputs(device, dtype, requires_grad=requires_grad)
+
+
+def _sparse_samples(op, layout, dtype, requires_grad, device):
+    """op.sample_inputs_sparse; for an OpInfo that has none (unary ufuncs
+    raise NotImplementedError), its strided samples with the input converted
+    to `layout`, as PyTorch's sparse unary-ufunc tests make them."""
+    try:
+        samples = iter(op.sample_inputs_sparse(layout, device, dtype, requires_grad=requires_grad))
+        first = next(samples)
+    except StopIteration:
+        return
+    except NotImplementedError:
+        yield from _converted_samples(op, layout, dtype, requires_grad, device)
+        return
+    yield first
+    yield from samples
+
+
+def _converted_samples(op, layout, dtype, requires_grad, device):
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    for s in op.sample_inputs(device, dtype, requires_grad=False):
+        t = s.input
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+            continue
+        if layout == torch.sparse_coo:
+            if t.dim() < 1:
+                continue
+            converted = t.to_sparse()
+        elif layout in (torch.sparse_csr, torch.sparse_csc):
+            if t.dim() != 2:
+                continue
+            converted = t.to_sparse(layout=layout)
+        else:  # block layouts: a 2x2 block where the sizes allow it
+            if t.dim() != 2 or t.shape[0] % 2 or t.shape[1] % 2 or t.numel() == 0:
+                continue
+            converted = t.to_sparse(layout=layout, blocksize=(2, 2))
+        yield SampleInput(converted.requires_grad_(requires_grad), args=s.args, kwargs=s.kwargs)
+
+
+def sparse_entries(names=None):
+    """(OpInfo, layout name) for every sparse layout an OpInfo supports, whose
+    "name [layout]" contains one of names (all if none)."""
+    out = []
+    for op in op_db():
+        for layout, (_, attr) in SPARSE_LAYOUTS.items():
+            label = f"{full_name(op)} [{layout}]"
+            if getattr(op, attr, False) and (not names or any(n in label for n in names)):
+                out.append((op, layout))
+    return out
+
+
+def run_sparse_op(op, layout, dtypes=None, grad=False, limit_samples=None) -> OpResult:
+    """run_op on the samples of one sparse layout; the result is named
+    "name [layout]"."""
+    global _SAMPLE_LAYOUT
+    _SAMPLE_LAYOUT = layout
+    try:
+        result = run_op(op, dtypes, grad, limit_samples)
+    finally:
+        _SAMPLE_LAYOUT = None
+    result.name = f"{full_name(op)} [{layout}]"
+    return result
 
 
 def _generation_failure(op, dtype, requires_grad, index, exc):
     """Why making samples on openreg raised at sample `index`.
 
     Returns (status, message, samples): the same samples made on the CPU
-    decide whether openreg is at fault (status "fail"), the sample function
-    itself raises ("skip"), or the samples are sparse ("skip").
+    decide whether openreg is at fault (status "fail") or the sample function
+    itself raises ("skip").
     """
     torch.manual_seed(SEED)
     try:
@@ -568,10 +605,6 @@ def _generation_failure(op, dtype, requires_grad, index, exc):
     except Exception as cpu_exc:  # noqa: BLE001
         return "skip", f"sample_inputs raises on the CPU too ({type(cpu_exc).__name__})", 1
     rest = max(len(cpu_samples) - index, 1)
-    layouts = sparse_layouts([(s.input, s.args, s.kwargs) for s in cpu_samples[index:]])
-    if layouts and isinstance(exc, NotImplementedError):
-        reason = f"sparse layout ({', '.join(layouts)}): openreg supports only strided tensors"
-        return "skip", reason, rest
     return "fail", f"making the sample on openreg: {first_line(exc)}", rest
 
 
@@ -857,13 +890,17 @@ HANG_TIMEOUT_S = 300.0
 
 def _worker(args):
     names = [n for n in args.worker_ops.split("\n") if n]
-    ops = {full_name(op): op for op in select_ops(names, exact=True)}
+    ops = {full_name(op): op for op in select_ops([n.split(" [")[0] for n in names], exact=True)}
     dtypes = parse_dtypes(args.dtypes)
     with open(args.worker_out, "a") as out:
         for name in names:
             out.write(json.dumps({"start": name}) + "\n")
             out.flush()
-            r = run_op(ops[name], dtypes, args.grad, args.limit_samples)
+            if " [" in name:  # "op [layout]": a sparse layout's samples
+                op_name, layout = name[:-1].split(" [")
+                r = run_sparse_op(ops[op_name], layout, dtypes, args.grad, args.limit_samples)
+            else:
+                r = run_op(ops[name], dtypes, args.grad, args.limit_samples)
             out.write(json.dumps({"done": r.to_json()}) + "\n")
             out.flush()
     return 0
@@ -953,6 +990,12 @@ def main(argv=None):
     p.add_argument("--report", help="write a report (.json, otherwise markdown)")
     p.add_argument("--limit-samples", type=int, default=None)
     p.add_argument(
+        "--sparse",
+        action="store_true",
+        help="the sparse OpInfo samples (op.sample_inputs_sparse) of every layout an OpInfo "
+        "supports, instead of the strided ones",
+    )
+    p.add_argument(
         "--in-process", action="store_true", help="no worker subprocess (a crash ends the run)"
     )
     p.add_argument(
@@ -980,16 +1023,26 @@ def main(argv=None):
 
     names = [n.strip() for n in args.ops.split(",")] if args.ops else None
     parse_dtypes(args.dtypes)  # validate early
-    ops = select_ops(names)
     start = time.perf_counter()
-    if args.in_process:
+    if args.sparse:
+        entries = sparse_entries(names)
+        labels = [f"{full_name(op)} [{layout}]" for op, layout in entries]
+        if args.in_process:
+            results = []
+            for op, layout in entries:
+                r = run_sparse_op(op, layout, parse_dtypes(args.dtypes), args.grad)
+                print(r.line(), flush=True)
+                results.append(r)
+        else:
+            results = _run_isolated(labels, args)
+    elif args.in_process:
         results = []
-        for op in ops:
+        for op in select_ops(names):
             r = run_op(op, parse_dtypes(args.dtypes), args.grad, args.limit_samples)
             print(r.line(), flush=True)
             results.append(r)
     else:
-        results = _run_isolated([full_name(op) for op in ops], args)
+        results = _run_isolated([full_name(op) for op in select_ops(names)], args)
     elapsed = time.perf_counter() - start
 
     fwd, grd = totals(results)

@@ -34,6 +34,7 @@ TOPIC_MODULES = (
     "distributed",
     "compile",
     "faults",
+    "layouts",
 )
 for _module in TOPIC_MODULES:
     importlib.import_module(f".{_module}", __name__)

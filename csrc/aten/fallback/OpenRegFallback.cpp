@@ -19,6 +19,8 @@
 // mapping, the registration. SIMULATOR ONLY: running the CPU kernel on
 // kernel views (OpenRegKernelView.h); a real device runs its own kernels, or
 // copies to the host and back.
+#include "aten/fallback/OpenRegFallback.h"
+
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -42,6 +44,7 @@
 #include "aten/fallback/OpenRegFallbackLog.h"
 #include "aten/fallback/OpenRegIValue.h"
 #include "aten/fallback/OpenRegLaunchPlan.h"
+#include "aten/fallback/OpenRegLayouts.h"
 #include "aten/fallback/OpenRegOpTraits.h"
 #include "aten/fallback/OpenRegQueuedCall.h"
 #include "memory/OpenRegAllocator.h"
@@ -51,9 +54,6 @@
 
 namespace openreg {
 
-namespace {
-
-// Finds the device an operator call runs on and checks all tensors agree.
 c10::Device find_device(const OpTraits& traits,
                         c10::ArrayRef<c10::IValue> args) {
   std::optional<c10::Device> device;
@@ -110,6 +110,8 @@ c10::Device find_device(const OpTraits& traits,
               " found no openreg tensor or device among its arguments");
 }
 
+namespace {
+
 // True when the call's tensors live on more than one device (CPU scalars
 // aside).
 bool spans_devices(c10::ArrayRef<c10::IValue> args) {
@@ -128,14 +130,6 @@ bool spans_devices(c10::ArrayRef<c10::IValue> args) {
     });
   }
   return spans;
-}
-
-// A resizable device storage over `memory`, device memory a kernel computed
-// into through its CPU storage `cpu` (of the same size).
-c10::Storage device_storage(c10::DataPtr memory, const c10::Storage& cpu) {
-  return c10::Storage(c10::Storage::use_byte_size_t(), cpu.nbytes(),
-                      std::move(memory), device_allocator(),
-                      /*resizable=*/true);
 }
 
 // Drops every warning (a second run whose warnings the first one raised).
@@ -157,47 +151,6 @@ class ForwardingRecorder : public c10::WarningHandler {
  private:
   c10::WarningHandler* next_;
 };
-
-// Brings the device argument `dev` up to date with its kernel view `view`
-// after a kernel that may have resized it (out= arguments, set_, resize_).
-void sync_mutated(const at::Tensor& dev, const at::Tensor& view,
-                  void* original_base) {
-  c10::TensorImpl* impl = dev.unsafeGetTensorImpl();
-  if (view.storage().data() != original_base) {
-    // The CPU kernel grew the storage on the host (its new bytes include the
-    // old ones): give the device storage a new block and move them there,
-    // ordered on the current stream like every write of this call.
-    c10::StorageImpl* storage = dev.storage().unsafeGetStorageImpl();
-    const size_t nbytes = view.storage().nbytes();
-    TORCH_CHECK(storage->resizable(),
-                "Trying to resize storage that is not resizable");
-    const c10::DeviceIndex device = dev.device().index();
-    if (c10::DataPtr memory = take_device_memory(view.storage())) {
-      storage->set_data_ptr_noswap(std::move(memory));  // no copy needed
-      storage->set_nbytes(nbytes);
-    } else {
-      storage->set_data_ptr_noswap(
-          nbytes == 0 ? c10::DataPtr(nullptr, dev.device())
-                      : storage->allocator()->allocate(nbytes));
-      storage->set_nbytes(nbytes);
-      memcpy_blocking(storage->mutable_data(), view.storage().data(), nbytes,
-                      orMemcpyHostToDevice, getCurrentStream(device));
-    }
-  }
-  if (dev.sizes() != view.sizes() || dev.strides() != view.strides() ||
-      dev.storage_offset() != view.storage_offset()) {
-    impl->set_sizes_and_strides(view.sizes(), view.strides(),
-                                view.storage_offset());
-  }
-  // Some kernels return their out= result as a conjugate or negative view
-  // (linalg_lu_solve with left=False sets the conjugate bit on `result`).
-  if (dev.is_conj() != view.is_conj()) {
-    impl->_set_conj(view.is_conj());
-  }
-  if (dev.is_neg() != view.is_neg()) {
-    impl->_set_neg(view.is_neg());
-  }
-}
 
 // [doc:fallback-out-variant-check]
 // The first call of a signature of a structured operator that is not
@@ -227,8 +180,8 @@ bool out_variant_matches(const OpTraits& traits,
     }
     const at::Tensor& t = results[r].toTensor();
     if (!t.defined() || !t.device().is_cpu() || t.layout() != c10::kStrided ||
-        !t.is_non_overlapping_and_dense() || t.is_conj() || t.is_neg() ||
-        views.device_storage_of(t) != nullptr) {
+        t.is_nested() || !t.is_non_overlapping_and_dense() || t.is_conj() ||
+        t.is_neg() || views.device_storage_of(t) != nullptr) {
       return false;
     }
     expected.push_back(t);
@@ -370,7 +323,7 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
         m.view.strides() != m.dev.strides()) {
       run.resized.push_back(m.arg);
     }
-    sync_mutated(m.dev, m.view, m.base);
+    sync_tensor(m.dev, m.view, views, m.base);
   }
 
   const size_t num_rets = traits.return_arg.size();
@@ -379,19 +332,12 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
     if (!t.defined() || !t.device().is_cpu()) {
       return t;
     }
-    TORCH_CHECK_NOT_IMPLEMENTED(t.layout() == c10::kStrided,
-                                "openreg supports only strided tensors, ",
-                                "but the CPU kernel of ", traits.display_name,
-                                " returned a ", t.layout(), " tensor");
-    if (const c10::Storage* storage = views.device_storage_of(t)) {
-      run.returned_view = true;
-      return device_alias(*storage, t);  // a view of an input
+    if (t.layout() == c10::kStrided && !t.is_nested() &&
+        views.device_storage_of(t) != nullptr) {
+      run.returned_view = true;  // a view of an input
     }
-    if (c10::DataPtr memory = take_device_memory(t.storage())) {
-      // Computed in device memory already: the device tensor takes it.
-      return device_alias(device_storage(std::move(memory), t.storage()), t);
-    }
-    return copy_to_device(t, device);
+    // Of any layout: to_sparse() of a dense tensor is a sparse one.
+    return device_tensor(t, views, device);
   };
   for (size_t r = 0; r < num_rets; ++r) {
     c10::IValue& v = (*stack)[ret_first + r];

@@ -412,15 +412,18 @@ void learn_launch(LaunchDecision decision, const OpTraits& traits,
       // An argument it writes: returned as is.
     } else if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
-      if (t.defined()) {
-        queueable = t.layout() == c10::kStrided && !t.is_conj() && !t.is_neg();
+      if (t.defined() && (t.layout() != c10::kStrided || t.is_nested())) {
+        queueable = false;  // sparse or nested: synchronous
+      } else if (t.defined()) {
+        queueable = !t.is_conj() && !t.is_neg();
         out.tensors.push_back(spec_of(t));
       }
     } else if (v.isTensorList()) {
       out.is_list = true;
       for (const at::Tensor& t : v.toTensorList()) {
-        queueable = queueable && t.defined() && !t.is_conj() && !t.is_neg();
-        if (t.defined()) {
+        queueable = queueable && t.defined() && t.layout() == c10::kStrided &&
+                    !t.is_nested() && !t.is_conj() && !t.is_neg();
+        if (queueable) {
           out.tensors.push_back(spec_of(t));
         }
       }
