@@ -5,6 +5,8 @@
 #   make test         set up, build, run the runtime gtests and the pytest suite
 #   make bench        set up, build, run the openreg/CPU benchmarks
 #   make opinfo       set up, build, the full OpInfo differential run
+#   make opinfo-sparse  the same for the sparse OpInfo samples
+#   make scaffold-check a new backend from the scaffold, built and conformance-checked
 #   make conformance  set up, build, print openreg's conformance report card
 #   make compile-zoo  set up, build, torch.compile vs eager over more OpInfo ops
 #   make fuzz         set up, build, the long random-program fuzz run and the
@@ -28,7 +30,7 @@ export OPENREG_BUILD_DIR := $(abspath $(BUILD_DIR))
 
 CPP_SOURCES := $(shell find runtime csrc -name '*.cpp' -o -name '*.h')
 
-.PHONY: all setup build demo test test-runtime test-runtime-asan test-python bench opinfo compile-zoo conformance conformance-card fuzz format lint clean
+.PHONY: all setup build demo test test-runtime test-runtime-asan test-python bench opinfo opinfo-sparse scaffold-check compile-zoo conformance conformance-card fuzz format lint clean
 
 all: build
 
@@ -80,6 +82,19 @@ bench: build
 # gradients, openreg vs CPU (~6 min); report in build/opinfo-report.md.
 opinfo: build
 	$(PY) -m tests.opinfo.harness --grad --report build/opinfo-report.md
+
+# PyTorch's sparse OpInfo samples (every OpInfo with supports_sparse*, each
+# layout it supports), every CPU dtype, forward and gradients, openreg vs CPU;
+# report in build/opinfo-sparse-report.md. `make test` runs them in float32.
+opinfo-sparse: build
+	$(PY) -m tests.opinfo.harness --sparse --grad --report build/opinfo-sparse-report.md
+
+# A new backend from the scaffold (python -m torch_openreg.scaffold), built in
+# a temporary directory in its own environment, then its conformance kit
+# (about 10 minutes: its own venv and a full build); card in
+# build/scaffold-card.md. `make test` checks the written tree only.
+scaffold-check: build
+	bash scripts/scaffold_check.sh
 
 # The conformance kit (torch_openreg/conformance/, docs/conformance.md) on
 # openreg: prints the report card; fails when a check fails.
