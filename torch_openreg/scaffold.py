@@ -1,0 +1,208 @@
+"""Writes a new PrivateUse1 backend, a renamed copy of openreg.
+
+    python -m torch_openreg.scaffold NAME DIR
+
+DIR receives the whole project (runtime, csrc, the Python package, tests,
+docs, the conformance kit, the build files) with every openreg name replaced:
+package ``torch_NAME``, device ``NAME``, module ``torch.NAME``, C++
+namespace ``NAME``, classes ``Name...``, environment variables ``NAME_...``,
+the runtime's C API ``NAMEMalloc``/``NAMEStream_t``/... (openreg's ``or``
+prefix), its c10d backend ``NAMEccl``, and the file names that carry them.
+The result builds with ``pip install --no-build-isolation -e .`` against the
+installed torch, autoloads on ``import torch`` and passes its own
+conformance kit: it starts with openreg's simulated driver, which the vendor
+replaces by one for its hardware (the generated README says where).
+
+The tree is read from the openreg checkout this package was installed from
+(an editable install); the files are those git tracks (or, without git, the
+tree minus build outputs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import keyword
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# Device types PyTorch already has (torch._C._get_privateuse1_backend_name()
+# may not be renamed to one of them) and names the copy cannot use.
+RESERVED = {
+    "cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ideep", "hip", "ve",
+    "fpga", "maia", "xla", "lazy", "vulkan", "mps", "meta", "hpu", "mtia",
+    "privateuseone", "openreg", "torch", "nested", "sparse", "quantized", "test",
+}  # fmt: skip
+
+# Never copied: build outputs, and this command with its test (their
+# patterns must stay openreg's).
+SKIPPED_DIRS = {".git", ".venv", "build", "__pycache__", ".ruff_cache", ".pytest_cache"}
+SKIPPED_FILES = {"torch_openreg/scaffold.py", "tests/test_scaffold.py"}
+SKIPPED_SUFFIXES = (".so", ".pyc", ".o", ".a", ".egg-info")
+
+NAME_RE = re.compile(r"[a-z][a-z0-9]{1,15}")
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.fullmatch(name):
+        raise ValueError(
+            f"NAME must be 2 to 16 lowercase letters and digits starting with a letter "
+            f"(it becomes a device type, a C++ namespace and part of identifiers), got {name!r}"
+        )
+    if name in RESERVED or keyword.iskeyword(name):
+        raise ValueError(f"NAME {name!r} is taken (a PyTorch device type or reserved name)")
+    return name
+
+
+def renamer(name: str):
+    """A function that rewrites openreg's names in a text into NAME's."""
+    camel = name[0].upper() + name[1:]
+    upper = name.upper()
+    rules = [
+        (re.compile(r"OpenReg"), camel),
+        (re.compile(r"OPENREG"), upper),
+        (re.compile(r"openreg"), name),
+        (re.compile(r"Openreg"), camel),
+        (re.compile(r"\borccl"), f"{name}ccl"),
+        # The runtime's C API: orMalloc, orStream_t, orErrorDeviceLost, ...
+        (re.compile(r"\bor(?=[A-Z])"), name),
+        # Its test macros: OR_ASSERT_OK, OR_EXPECT_OK, ...
+        (re.compile(r"\bOR_(?=[A-Z])"), f"{upper}_"),
+    ]
+
+    def rename(text: str) -> str:
+        for pattern, replacement in rules:
+            text = pattern.sub(replacement, text)
+        return text
+
+    return rename
+
+
+def source_root() -> Path:
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "runtime" / "include" / "openreg.h").is_file():
+        raise RuntimeError(
+            f"{root} is not an openreg checkout (runtime/include/openreg.h is missing): "
+            "the scaffold copies the source tree, so install openreg editable "
+            "(pip install --no-build-isolation -e .) from a checkout"
+        )
+    return root
+
+
+def tracked_files(root: Path) -> list[str]:
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True, timeout=60
+        ).stdout
+        files = [f for f in out.decode().split("\0") if f and (root / f).is_file()]
+    except (OSError, subprocess.SubprocessError):
+        files = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [
+                d for d in dirnames if d not in SKIPPED_DIRS and not d.endswith(".egg-info")
+            ]
+            for f in filenames:
+                files.append(os.path.relpath(os.path.join(dirpath, f), root))
+    return sorted(
+        f
+        for f in files
+        if f not in SKIPPED_FILES
+        and not f.endswith(SKIPPED_SUFFIXES)
+        and not (set(Path(f).parts) & SKIPPED_DIRS)
+    )
+
+
+def vendor_readme(name: str) -> str:
+    upper = name.upper()
+    return f"""# {name}
+
+A PyTorch backend for the `{name}` device (`torch.device("{name}")`, the
+`PrivateUse1` dispatch key), generated from openreg by
+`python -m torch_openreg.scaffold {name} DIR`. It builds and passes its
+conformance kit as generated, on openreg's simulated device.
+
+```sh
+pip install --no-build-isolation -e .       # against the installed torch
+python -c "import torch; print(torch.ones(2, device='{name}') + 1)"
+python -m torch_{name}.conformance --device {name}
+```
+
+## What to change for real hardware
+
+1. **Replace the driver in `runtime/`**: `runtime/include/{name}.h` is the
+   driver API the PyTorch layer uses (devices, memory, streams, events,
+   kernel launch); `runtime/src/` is the simulator behind it. Implement the
+   same header over your driver, and keep `runtime/tests/` (the contract)
+   passing.
+2. **Replace the simulator-only code in `csrc/`**: every place marked
+   `SIMULATOR ONLY` (`grep -rn "SIMULATOR ONLY" csrc runtime`): chiefly the
+   kernel views through which PyTorch's CPU kernels run on device memory.
+3. **Add kernels**: native kernels go in `csrc/aten/` and are registered in
+   its `TORCH_LIBRARY_IMPL(aten, PrivateUse1, m)` blocks; what has none runs
+   through the fallback (`csrc/aten/fallback/`). `docs/operators.md` walks
+   through both.
+4. Rename what the tools could not guess: the package metadata in
+   `pyproject.toml` (description, version) and this README.
+
+Everything else (device guard, allocators, generators, streams, events,
+hooks, autograd, autocast, serialization, profiler, the Python module
+`torch.{name}`, `{upper}_*` environment variables, the conformance kit) is
+ready and documented in `docs/`. The rest of this file is openreg's README,
+renamed.
+
+"""
+
+
+def scaffold(name: str, dest: Path, source: Path | None = None) -> list[Path]:
+    """Writes the backend NAME into dest (which must not exist or be empty);
+    returns the files written."""
+    name = check_name(name)
+    source = source or source_root()
+    dest = Path(dest).resolve()
+    if dest.exists() and any(dest.iterdir()):
+        raise FileExistsError(f"{dest} exists and is not empty")
+    if dest == source or source in dest.parents:
+        raise ValueError(f"{dest} is inside the openreg tree {source}")
+    rename = renamer(name)
+    written = []
+    for rel in tracked_files(source):
+        src = source / rel
+        out = dest / rename(rel)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        data = src.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            out.write_bytes(data)  # binary: copied as is
+        else:
+            if rel == "README.md":
+                text = vendor_readme(name) + text
+            out.write_text(rename(text), encoding="utf-8")
+        shutil.copymode(src, out)
+        written.append(out)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m torch_openreg.scaffold",
+        description="Write a new PrivateUse1 backend named NAME into DIR (a renamed openreg).",
+    )
+    parser.add_argument("name", metavar="NAME", help="the device name, e.g. mydev")
+    parser.add_argument("dir", metavar="DIR", type=Path, help="where to write it (new or empty)")
+    args = parser.parse_args(argv)
+    try:
+        written = scaffold(args.name, args.dir)
+    except (ValueError, FileExistsError, RuntimeError) as e:
+        print(f"scaffold: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(written)} files of the '{args.name}' backend into {args.dir}")
+    print(f"next: cd {args.dir} && pip install --no-build-isolation -e .")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
