@@ -132,11 +132,11 @@ fuzz: build
 
 format: setup
 	clang-format -i $(CPP_SOURCES) $(shell find runtime/tests -name '*.cpp')
-	$(VENV)/bin/ruff format torch_openreg tests benchmarks examples scripts setup.py
+	$(VENV)/bin/ruff format torch_openreg tests benchmarks examples scripts csrc/codegen setup.py
 
 lint: setup
 	clang-format --dry-run --Werror $(CPP_SOURCES)
-	$(VENV)/bin/ruff check torch_openreg tests benchmarks examples scripts setup.py
+	$(VENV)/bin/ruff check torch_openreg tests benchmarks examples scripts csrc/codegen setup.py
 
 clean:
 	rm -rf build torch_openreg/_C*.so

@@ -14,7 +14,7 @@ The source names a region in one of two ways:
 ``PATH#NAME``
     The lines between a line containing ``[doc:NAME]`` and a line containing
     ``[/doc:NAME]`` (any comment syntax: ``// [doc:x]``, ``# [doc:x]``). Used
-    for .cpp, .py and .toml files: the markers are plain comments, and whoever
+    for .cpp, .py, .toml and .yaml files: the markers are plain comments, and whoever
     edits the code sees that it is quoted.
 
 ``PATH from "FIRST" to "LAST"`` (or ``PATH from "FIRST"``: that one line)
@@ -65,6 +65,7 @@ LANGUAGES = {
     ".h": ("cpp", "//"),
     ".py": ("python", "#"),
     ".toml": ("toml", "#"),
+    ".yaml": ("yaml", "#"),
     ".sh": ("sh", "#"),
     ".txt": ("cmake", "#"),
     "Makefile": ("make", "#"),
@@ -227,7 +228,7 @@ def defined_regions() -> set[tuple[str, str]]:
         base = ROOT / top
         files = [base] if base.is_file() else sorted(base.rglob("*")) if base.is_dir() else []
         for f in files:
-            if not f.is_file() or f.suffix not in (".cpp", ".h", ".py", ".toml"):
+            if not f.is_file() or f.suffix not in (".cpp", ".h", ".py", ".toml", ".yaml"):
                 continue
             rel = str(f.relative_to(ROOT))
             try:

@@ -117,6 +117,7 @@ def tracked_files(root: Path) -> list[str]:
 
 def vendor_readme(name: str) -> str:
     upper = name.upper()
+    camel = name[0].upper() + name[1:]
     return f"""# {name}
 
 A PyTorch backend for the `{name}` device (`torch.device("{name}")`, the
@@ -140,10 +141,13 @@ python -m torch_{name}.conformance --device {name}
 2. **Replace the simulator-only code in `csrc/`**: every place marked
    `SIMULATOR ONLY` (`grep -rn "SIMULATOR ONLY" csrc runtime`): chiefly the
    kernel views through which PyTorch's CPU kernels run on device memory.
-3. **Add kernels**: native kernels go in `csrc/aten/` and are registered in
-   its `TORCH_LIBRARY_IMPL(aten, PrivateUse1, m)` blocks; what has none runs
-   through the fallback (`csrc/aten/fallback/`). `docs/operators.md` walks
-   through both.
+3. **Add kernels to the YAML**: `csrc/{name}_native_functions.yaml` lists the
+   aten operators with a native kernel; the build generates their
+   registrations with PyTorch's torchgen, and `csrc/aten/` defines each
+   kernel as a static member of `{name}::{camel}NativeFunctions` with the
+   signature the generated header declares. What is not listed runs through
+   the fallback (`csrc/aten/fallback/`). `docs/scaffold.md` walks through a
+   first kernel, `docs/operators.md` describes both paths.
 4. Rename what the tools could not guess: the package metadata in
    `pyproject.toml` (description, version) and this README.
 

@@ -31,7 +31,6 @@
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
 #include <c10/core/DeviceGuard.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <array>
@@ -39,18 +38,16 @@
 #include <limits>
 #include <vector>
 
+#include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
 
 namespace openreg {
 
-namespace {
-
-int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
-                         const at::Tensor& value,
-                         const std::optional<at::Tensor>& attn_mask,
-                         double dropout_p, bool is_causal,
-                         std::optional<double> scale, bool enable_gqa) {
+int64_t OpenRegNativeFunctions::_fused_sdp_choice(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const std::optional<at::Tensor>& attn_mask, double dropout_p,
+    bool is_causal, std::optional<double> scale, bool enable_gqa) {
   // Only metadata is inspected: meta tensors of the same shape suffice.
   auto meta = [](const at::Tensor& t) {
     return at::empty(t.sizes(), t.options().device(c10::kMeta));
@@ -69,6 +66,8 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
              ? static_cast<int64_t>(at::SDPBackend::overrideable)
              : static_cast<int64_t>(at::SDPBackend::math);
 }
+
+namespace {
 
 // True if the CPU flash kernel accepts these inputs (its own checks, done
 // on the host): then the results' metadata is known and the kernel can be
@@ -117,13 +116,14 @@ at::Tensor like_query(const at::Tensor& query, at::IntArrayRef shape) {
   return at::empty_strided(shape, strides, query.options());
 }
 
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt,
            c10::SymInt, at::Tensor, at::Tensor, at::Tensor>
-fused_attention(const at::Tensor& query, const at::Tensor& key,
-                const at::Tensor& value,
-                const std::optional<at::Tensor>& attn_bias, double dropout_p,
-                bool is_causal, bool /*return_debug_mask*/,
-                std::optional<double> scale) {
+OpenRegNativeFunctions::_scaled_dot_product_fused_attention_overrideable(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const std::optional<at::Tensor>& attn_bias, double dropout_p,
+    bool is_causal, bool /*return_debug_mask*/, std::optional<double> scale) {
   const c10::Device device = query.device();
   const c10::DeviceGuard guard(device);
   const bool has_mask = attn_bias.has_value() && attn_bias->defined();
@@ -186,6 +186,8 @@ fused_attention(const at::Tensor& query, const at::Tensor& key,
           at::Tensor()};
 }
 
+namespace {
+
 // The gradient of the additive mask (the CPU's flash kernel has none): the
 // gradient of the attention scores, dS = P * (dP - rowsum(dO * O)) with
 // P = exp(S - logsumexp) and dP = dO V^T, summed over the dimensions the mask
@@ -227,15 +229,19 @@ at::Tensor mask_gradient(const at::Tensor& grad_out, const at::Tensor& query,
   return at::sum_to(ds, attn_bias.sizes()).to(attn_bias.scalar_type());
 }
 
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-fused_attention_backward(
-    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
-    const at::Tensor& value, const at::Tensor& attn_bias,
-    std::array<bool, 4> grad_input_mask, const at::Tensor& out,
-    const at::Tensor& logsumexp, const at::Tensor& /*cum_seq_q*/,
-    const at::Tensor& /*cum_seq_k*/, int64_t /*max_q*/, int64_t /*max_k*/,
-    double dropout_p, bool is_causal, const at::Tensor& /*philox_seed*/,
-    const at::Tensor& /*philox_offset*/, std::optional<double> scale) {
+OpenRegNativeFunctions::
+    _scaled_dot_product_fused_attention_overrideable_backward(
+        const at::Tensor& grad_out, const at::Tensor& query,
+        const at::Tensor& key, const at::Tensor& value,
+        const at::Tensor& attn_bias, std::array<bool, 4> grad_input_mask,
+        const at::Tensor& out, const at::Tensor& logsumexp,
+        const at::Tensor& /*cum_seq_q*/, const at::Tensor& /*cum_seq_k*/,
+        int64_t /*max_q*/, int64_t /*max_k*/, double dropout_p, bool is_causal,
+        const at::Tensor& /*philox_seed*/, const at::Tensor& /*philox_offset*/,
+        std::optional<double> scale) {
   if (!grad_out.defined()) {
     // No gradient flows back (the CPU's flash backward answers the same).
     return {};
@@ -311,27 +317,11 @@ fused_attention_backward(
               : at::Tensor()};
 }
 
-}  // namespace
-
 }  // namespace openreg
 
 // [doc:sdpa-register]
 namespace at::native {
-REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub,
-                              &openreg::fused_sdp_choice)
+REGISTER_PRIVATEUSE1_DISPATCH(
+    _fused_sdp_choice_stub, &openreg::OpenRegNativeFunctions::_fused_sdp_choice)
 }  // namespace at::native
-
-namespace openreg {
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_scaled_dot_product_fused_attention_overrideable",
-         TORCH_FN(fused_attention));
-  m.impl("_scaled_dot_product_fused_attention_overrideable_backward",
-         TORCH_FN(fused_attention_backward));
-  // What SDPA will take on openreg, for callers that ask
-  // (torch._fused_sdp_choice): the same answer as the stub above.
-  m.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice));
-}
 // [/doc:sdpa-register]
-
-}  // namespace openreg

@@ -8,32 +8,25 @@
 // already in device memory, and those are queued with nothing to copy.
 // The arithmetic is the CPU's (same parts), so results stay bit-identical.
 #include <ATen/ops/clamp_min.h>
-#include <torch/library.h>
+
+#include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
 
 namespace openreg {
 
-namespace {
-
 // [doc:composite-register]
 // As the CPU's relu (ATen's Activation.cpp): clamp_min(self, 0).
-at::Tensor relu(const at::Tensor& self) {
+at::Tensor OpenRegNativeFunctions::relu(const at::Tensor& self) {
   TORCH_CHECK(self.scalar_type() != at::kBool,
               "Boolean inputs not supported for relu");
   return at::clamp_min(self, 0);
 }
 
-at::Tensor& relu_(at::Tensor& self) {
+at::Tensor& OpenRegNativeFunctions::relu_(at::Tensor& self) {
   TORCH_CHECK(self.scalar_type() != at::kBool,
               "Boolean inputs not supported for relu");
   return at::clamp_min_(self, 0);
 }
 
-}  // namespace
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("relu", TORCH_FN(relu));
-  m.impl("relu_", TORCH_FN(relu_));
-}
 // [/doc:composite-register]
 
 }  // namespace openreg

@@ -8,6 +8,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
 #include "core/OpenRegException.h"
@@ -57,8 +58,11 @@ bool try_async_pinned_copy(const at::Tensor& src, const at::Tensor& dst,
   return true;
 }
 
-at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
-                     bool non_blocking) {
+}  // namespace
+
+at::Tensor OpenRegNativeFunctions::_copy_from(const at::Tensor& self,
+                                              const at::Tensor& dst,
+                                              bool non_blocking) {
   // `self` is the source. Either side may be on the CPU; CPU sides must be
   // plain strided CPU tensors.
   for (const at::Tensor* t : {&self, &dst}) {
@@ -127,12 +131,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
   return dst;
 }
 
-at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+at::Tensor OpenRegNativeFunctions::_copy_from_and_resize(
+    const at::Tensor& self, const at::Tensor& dst) {
   dst.resize_(self.sizes());
-  return copy_from(self, dst, false);
+  return _copy_from(self, dst, false);
 }
-
-}  // namespace
 
 // [doc:copy-register]
 // The copy handles conjugate and negative bits itself (a raw copy keeps them
@@ -147,11 +150,6 @@ TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
 TORCH_LIBRARY_IMPL(aten, Negative, m) {
   m.impl("_copy_from", torch::CppFunction::makeFallthrough());
   m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
-}
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_copy_from", TORCH_FN(copy_from));
-  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
 }
 // [/doc:copy-register]
 

@@ -13,6 +13,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
 #include "aten/OpenRegResize.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
@@ -43,13 +44,14 @@ bool fill_uninitialized() {
          ctx.deterministicFillUninitializedMemory();
 }
 
+}  // namespace
+
 // [doc:empty]
-at::Tensor empty_memory_format(c10::IntArrayRef size,
-                               std::optional<c10::ScalarType> dtype,
-                               std::optional<c10::Layout> layout,
-                               std::optional<c10::Device> device,
-                               std::optional<bool> pin_memory,
-                               std::optional<c10::MemoryFormat> memory_format) {
+at::Tensor OpenRegNativeFunctions::empty(
+    c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+    std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+    std::optional<bool> pin_memory,
+    std::optional<c10::MemoryFormat> memory_format) {
   check_factory_args(layout, pin_memory);
   const c10::OptionalDeviceGuard guard(device);
   at::Tensor t =
@@ -62,11 +64,10 @@ at::Tensor empty_memory_format(c10::IntArrayRef size,
 }
 // [/doc:empty]
 
-at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
-                         std::optional<c10::ScalarType> dtype,
-                         std::optional<c10::Layout> layout,
-                         std::optional<c10::Device> device,
-                         std::optional<bool> pin_memory) {
+at::Tensor OpenRegNativeFunctions::empty_strided(
+    c10::IntArrayRef size, c10::IntArrayRef stride,
+    std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+    std::optional<c10::Device> device, std::optional<bool> pin_memory) {
   check_factory_args(layout, pin_memory);
   const c10::OptionalDeviceGuard guard(device);
   at::Tensor t = at::detail::empty_strided_generic(
@@ -77,8 +78,9 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
   return t;
 }
 
-const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
-                          std::optional<c10::MemoryFormat> memory_format) {
+const at::Tensor& OpenRegNativeFunctions::resize_(
+    const at::Tensor& self, c10::IntArrayRef size,
+    std::optional<c10::MemoryFormat> memory_format) {
   for (auto s : size) {
     TORCH_CHECK(s >= 0, "Trying to create tensor with negative dimension ", s,
                 ": ", size);
@@ -96,10 +98,11 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   return self;
 }
 
-at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source,
-                               c10::SymInt storage_offset,
-                               c10::SymIntArrayRef size,
-                               c10::SymIntArrayRef stride) {
+at::Tensor& OpenRegNativeFunctions::set__symint(at::Tensor& self,
+                                                c10::Storage source,
+                                                c10::SymInt storage_offset,
+                                                c10::SymIntArrayRef size,
+                                                c10::SymIntArrayRef stride) {
   auto offset = storage_offset.expect_int();
   auto sizes = C10_AS_INTARRAYREF_SLOW(size);
   auto strides = C10_AS_INTARRAYREF_SLOW(stride);
@@ -112,30 +115,32 @@ at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source,
   return self;
 }
 
-at::Tensor& set_storage(at::Tensor& self, c10::Storage source) {
+at::Tensor& OpenRegNativeFunctions::set_(at::Tensor& self,
+                                         c10::Storage source) {
   const auto numel =
       static_cast<int64_t>(source.nbytes() / self.dtype().itemsize());
   const std::vector<c10::SymInt> size{c10::SymInt(numel)};
-  return set_storage_offset(self, std::move(source), 0, size, {});
+  return set__symint(self, std::move(source), 0, size, {});
 }
 
-at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
+at::Tensor& OpenRegNativeFunctions::set_(at::Tensor& self,
+                                         const at::Tensor& source) {
   if (self.unsafeGetTensorImpl() == source.unsafeGetTensorImpl()) {
     return self;
   }
-  return set_storage_offset(self, source.storage(), source.sym_storage_offset(),
-                            source.sym_sizes(), source.sym_strides());
+  return set__symint(self, source.storage(), source.sym_storage_offset(),
+                     source.sym_sizes(), source.sym_strides());
 }
 
-at::Tensor& set_empty(at::Tensor& self) {
+at::Tensor& OpenRegNativeFunctions::set_(at::Tensor& self) {
   c10::Storage storage(c10::Storage::use_byte_size_t(), 0, device_allocator(),
                        /*resizable=*/true);
   const std::vector<c10::SymInt> size{c10::SymInt(0)};
-  return set_storage_offset(self, std::move(storage), 0, size, {});
+  return set__symint(self, std::move(storage), 0, size, {});
 }
 
 // [doc:local-scalar-dense]
-at::Scalar local_scalar_dense(const at::Tensor& self) {
+at::Scalar OpenRegNativeFunctions::_local_scalar_dense(const at::Tensor& self) {
   TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(),
               " elements cannot be converted to Scalar");
   // A device-to-host copy: waits for the producing work, like CUDA's .item().
@@ -157,8 +162,8 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 // PyTorch allows it between dense tensors of its built-in devices (CPU and
 // CUDA alike) and leaves PrivateUse1 to the backend: dense strided tensors
 // of the CPU and openreg are interchangeable the same way.
-bool has_compatible_shallow_copy_type(const at::Tensor& self,
-                                      const at::Tensor& from) {
+bool OpenRegNativeFunctions::_has_compatible_shallow_copy_type(
+    const at::Tensor& self, const at::Tensor& from) {
   if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(
           from.key_set())) {
     return true;
@@ -173,30 +178,28 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self,
 
 // Tensor.record_stream: the caching allocator keeps the block from other
 // streams until `stream` has passed its use.
-void record_stream(at::Tensor& self, c10::Stream stream) {
+void OpenRegNativeFunctions::record_stream(at::Tensor& self,
+                                           c10::Stream stream) {
   device_allocator()->recordStream(self.storage().data_ptr(), stream);
 }
 
-}  // namespace
-
-// [doc:minimal-ops-register]
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
-  m.impl("empty_strided", TORCH_FN(empty_strided));
-  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
-  m.impl("view", TORCH_FN(at::native::view));
-  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
-  m.impl("resize_", TORCH_FN(resize_));
-  m.impl("set_.source_Storage", TORCH_FN(set_storage));
-  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
-  m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
-  m.impl("set_", TORCH_FN(set_empty));
-  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
-  m.impl("record_stream", TORCH_FN(record_stream));
-  m.impl("_has_compatible_shallow_copy_type",
-         TORCH_FN(has_compatible_shallow_copy_type));
+// Views share the storage: ATen's own kernels, the same for every device.
+at::Tensor OpenRegNativeFunctions::as_strided(
+    const at::Tensor& self, at::IntArrayRef size, at::IntArrayRef stride,
+    std::optional<int64_t> storage_offset) {
+  return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
 }
-// [/doc:minimal-ops-register]
+
+at::Tensor OpenRegNativeFunctions::view(const at::Tensor& self,
+                                        at::IntArrayRef size) {
+  return at::native::view(self, size);
+}
+
+at::Tensor OpenRegNativeFunctions::_reshape_alias(const at::Tensor& self,
+                                                  at::IntArrayRef size,
+                                                  at::IntArrayRef stride) {
+  return at::native::_reshape_alias(self, size, stride);
+}
 
 // [doc:record-stream-math-bits]
 // Tensor.record_stream on a conjugate or negative view (x.conj(),

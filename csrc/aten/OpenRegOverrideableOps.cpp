@@ -14,10 +14,10 @@
 #include <ATen/ops/sigmoid.h>
 #include <ATen/ops/tanh.h>
 #include <c10/core/DeviceGuard.h>
-#include <torch/library.h>
 
 #include <algorithm>
 
+#include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
 
@@ -51,7 +51,9 @@ at::MemoryFormat conv_memory_format(const at::Tensor& input,
   return at::MemoryFormat::Contiguous;
 }
 
-at::Tensor convolution_overrideable(
+}  // namespace
+
+at::Tensor OpenRegNativeFunctions::convolution_overrideable(
     const at::Tensor& input, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
     c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
@@ -134,7 +136,7 @@ at::Tensor convolution_overrideable(
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
-convolution_backward_overrideable(
+OpenRegNativeFunctions::convolution_backward_overrideable(
     const at::Tensor& grad_output, const at::Tensor& input,
     const at::Tensor& weight, c10::IntArrayRef stride, c10::IntArrayRef padding,
     c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
@@ -194,6 +196,8 @@ convolution_backward_overrideable(
   return {gi, gw, gb};
 }
 
+namespace {
+
 at::Tensor add_bias(at::Tensor gates, const std::optional<at::Tensor>& bias) {
   if (bias.has_value() && bias->defined()) {
     return gates + *bias;
@@ -201,9 +205,14 @@ at::Tensor add_bias(at::Tensor gates, const std::optional<at::Tensor>& bias) {
   return gates;
 }
 
-// The LSTM cell written with ordinary operators; registered at the autograd
-// key, so autograd differentiates the operators (no fused backward needed).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell(
+}  // namespace
+
+// [doc:rnn-cells]
+// The LSTM cell written with ordinary operators; listed under `autograd` in
+// csrc/openreg_native_functions.yaml, so it is registered at the autograd
+// key and autograd differentiates the operators (no fused backward needed).
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+OpenRegNativeFunctions::_thnn_fused_lstm_cell(
     const at::Tensor& input_gates, const at::Tensor& hidden_gates,
     const at::Tensor& cx, const std::optional<at::Tensor>& input_bias,
     const std::optional<at::Tensor>& hidden_bias) {
@@ -220,7 +229,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell(
   return {hy, cy, workspace};
 }
 
-std::tuple<at::Tensor, at::Tensor> fused_gru_cell(
+std::tuple<at::Tensor, at::Tensor> OpenRegNativeFunctions::_thnn_fused_gru_cell(
     const at::Tensor& input_gates, const at::Tensor& hidden_gates,
     const at::Tensor& hx, const std::optional<at::Tensor>& input_bias,
     const std::optional<at::Tensor>& hidden_bias) {
@@ -233,20 +242,6 @@ std::tuple<at::Tensor, at::Tensor> fused_gru_cell(
   at::Tensor workspace = at::cat({r, z, ig[2], hg[2], n}, 1);
   return {hy, workspace};
 }
-
-}  // namespace
-
-// [doc:overrideable-register]
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
-  m.impl("convolution_backward_overrideable",
-         TORCH_FN(convolution_backward_overrideable));
-}
-
-TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
-  m.impl("_thnn_fused_lstm_cell", TORCH_FN(fused_lstm_cell));
-  m.impl("_thnn_fused_gru_cell", TORCH_FN(fused_gru_cell));
-}
-// [/doc:overrideable-register]
+// [/doc:rnn-cells]
 
 }  // namespace openreg

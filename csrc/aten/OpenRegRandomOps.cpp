@@ -6,11 +6,11 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/ones_like.h>
-#include <torch/library.h>
 
 #include <cstdint>
 #include <tuple>
 
+#include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegParallel.h"
@@ -95,9 +95,10 @@ std::tuple<at::Tensor, at::Tensor> fused_dropout(const at::Tensor& input,
 }
 // [/doc:fused-dropout]
 
-std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input,
-                                                  double p,
-                                                  std::optional<bool> train) {
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> OpenRegNativeFunctions::native_dropout(
+    const at::Tensor& input, double p, std::optional<bool> train) {
   if (input.numel() == 0) {
     return {input, at::empty_like(input)};
   }
@@ -118,8 +119,8 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input,
 }
 
 // The CPU's `grad * mask * scale`, in one pass when the layouts allow.
-at::Tensor native_dropout_backward(const at::Tensor& grad,
-                                   const at::Tensor& mask, double scale) {
+at::Tensor OpenRegNativeFunctions::native_dropout_backward(
+    const at::Tensor& grad, const at::Tensor& mask, double scale) {
   TORCH_CHECK(mask.scalar_type() == at::kBool,
               "Mask should be Bool Scalar Type", mask.scalar_type());
   if (!grad.defined() || !fusable(grad) || mask.device() != grad.device() ||
@@ -156,13 +157,6 @@ at::Tensor native_dropout_backward(const at::Tensor& grad,
       },
       n);
   return out;
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("native_dropout", TORCH_FN(native_dropout));
-  m.impl("native_dropout_backward", TORCH_FN(native_dropout_backward));
 }
 
 }  // namespace openreg
