@@ -297,9 +297,13 @@ def test_streams_come_from_a_bounded_pool(py):
         """
         import os, torch
         x = torch.ones(4, device="openreg")
+        main = torch.openreg.current_stream()
         for _ in range(1000):
-            with torch.openreg.stream(torch.openreg.Stream()):
+            s = torch.openreg.Stream()
+            s.wait_stream(main)  # ordered as on CUDA: two streams' add_ would race
+            with torch.openreg.stream(s):
                 x.add_(1)
+            main.wait_stream(s)
         torch.openreg.synchronize()
         ids = {torch.openreg.Stream().stream_id for _ in range(100)}
         hi = {torch.openreg.Stream(priority=-1).stream_id for _ in range(100)}
