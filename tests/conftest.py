@@ -143,6 +143,19 @@ def describe(proc):
     )
 
 
+def rerun_file_in_blocking_mode(path, timeout, args=()):
+    """Runs the test file `path` again in a fresh interpreter with
+    OPENREG_LAUNCH_BLOCKING=1 (every launch at its call) and asserts it passed."""
+    proc = run_python(
+        None,
+        env={"OPENREG_LAUNCH_BLOCKING": "1"},
+        timeout=timeout,
+        args=["-m", "pytest", "-q", "-p", "no:cacheprovider", *args, os.path.abspath(path)],
+    )
+    assert proc.returncode == 0, describe(proc)
+    assert " passed" in proc.stdout and "failed" not in proc.stdout, describe(proc)
+
+
 @pytest.fixture(scope="session")
 def inductor_cache_dir(tmp_path_factory):
     """Inductor's code cache for the session's torch.compile tests, inside

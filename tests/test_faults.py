@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import describe, run_python
+from conftest import describe, rerun_file_in_blocking_mode
 
 faults = torch.openreg.faults
 D = "openreg"
@@ -344,11 +344,4 @@ def test_ddp_step_with_a_faulty_rank_raises_on_the_other_within_its_timeout(tmp_
 def test_whole_file_in_blocking_mode():
     if BLOCKING:
         pytest.skip("this is the blocking run")
-    proc = run_python(
-        None,
-        env={"OPENREG_LAUNCH_BLOCKING": "1"},
-        timeout=170,
-        args=["-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__)],
-    )
-    assert proc.returncode == 0, describe(proc)
-    assert " passed" in proc.stdout and "failed" not in proc.stdout, describe(proc)
+    rerun_file_in_blocking_mode(__file__, timeout=170)

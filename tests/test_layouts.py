@@ -14,7 +14,13 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
-from conftest import assert_same_observation, describe, observe, run_python
+from conftest import (
+    assert_same_observation,
+    describe,
+    observe,
+    rerun_file_in_blocking_mode,
+    run_python,
+)
 
 D = "openreg"
 BLOCKING = os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1"
@@ -443,20 +449,4 @@ def test_quantized_is_still_refused():
 def test_whole_file_in_blocking_mode():
     if BLOCKING:
         pytest.skip("this is the blocking run")
-    proc = run_python(
-        None,
-        env={"OPENREG_LAUNCH_BLOCKING": "1"},
-        timeout=300,
-        args=[
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-k",
-            "not jagged",
-            os.path.abspath(__file__),
-        ],
-    )
-    assert proc.returncode == 0, describe(proc)
-    assert " passed" in proc.stdout and "failed" not in proc.stdout, describe(proc)
+    rerun_file_in_blocking_mode(__file__, timeout=300, args=["-k", "not jagged"])

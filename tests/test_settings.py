@@ -20,7 +20,13 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_same_observation, describe, observe, run_python
+from conftest import (
+    assert_same_observation,
+    describe,
+    observe,
+    rerun_file_in_blocking_mode,
+    run_python,
+)
 
 D = "openreg"
 BLOCKING = os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1"
@@ -242,11 +248,4 @@ def test_transformer_layer_backward_is_reentrant():
 def test_whole_file_in_blocking_mode():
     if BLOCKING:
         pytest.skip("this is the blocking run")
-    proc = run_python(
-        None,
-        env={"OPENREG_LAUNCH_BLOCKING": "1"},
-        timeout=170,
-        args=["-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__)],
-    )
-    assert proc.returncode == 0, describe(proc)
-    assert " passed" in proc.stdout and "failed" not in proc.stdout, describe(proc)
+    rerun_file_in_blocking_mode(__file__, timeout=170)
