@@ -54,6 +54,14 @@ class CMakeBuild(build_ext):
         tmp = target.with_name(target.name + ".tmp")
         shutil.copy2(built[0], tmp)
         os.replace(tmp, target)
+        # The process driver's device executable goes next to the module that
+        # starts it (the runtime looks beside the library it is linked into).
+        # An editable install copies only the module itself into the source
+        # tree, so the executable goes to both places.
+        for package_dir in {target.parent, ROOT / "torch_openreg"}:
+            device = package_dir / "openreg-device"
+            shutil.copy2(build_dir / "runtime" / "openreg-device", device.with_suffix(".tmp"))
+            os.replace(device.with_suffix(".tmp"), device)
 
 
 setup(

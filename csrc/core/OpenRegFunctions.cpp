@@ -38,6 +38,20 @@ void lazy_init() {
   static std::once_flag once;
   std::call_once(once, [] {
     OPENREG_CHECK(orInit());
+    // This layer launches its kernels as host functions (orLaunchKernelEx),
+    // which a driver whose devices run in their own processes refuses
+    // (OPENREG_DRIVER=process runs named kernels only, orLaunchFunction):
+    // say so here rather than at the first operator.
+    orLaunchAttributes single{};
+    single.hostThreads = 1;
+    const orError_t probe = orLaunchKernelEx(
+        nullptr, [](void*) { return 0; }, nullptr, &single);
+    TORCH_CHECK(probe != orErrorNotSupported,
+                "openreg: the driver runs named kernels only (is "
+                "OPENREG_DRIVER=process set?); the PyTorch layer does not "
+                "launch through orLaunchFunction yet (docs/process-driver.md). "
+                "Use OPENREG_DRIVER=thread, the default.");
+    OPENREG_CHECK(probe);
     pthread_atfork(nullptr, nullptr, on_fork_child);
     g_initialized.store(true, std::memory_order_release);
   });

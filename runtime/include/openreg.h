@@ -93,6 +93,13 @@ typedef enum orError_t {
    * this code, and its queued work is dropped. orDeviceGetLossReason says
    * why. Other devices are not affected. */
   orErrorDeviceLost = 15,
+  /* orModuleLoad could not load the kernel library: the file is missing or
+   * is not a loadable shared object for this machine. */
+  orErrorFileNotFound = 16,
+  /* orModuleGetFunction: the library has no kernel of that name. */
+  orErrorSymbolNotFound = 17,
+  /* The driver does not implement this function or this argument. */
+  orErrorNotSupported = 18,
 } orError_t;
 
 /* A static, human readable description of an error code ("out of memory").
@@ -368,6 +375,87 @@ typedef struct orLaunchAttributes {
 OPENREG_API orError_t orLaunchKernelEx(orStream_t stream, orKernelFn fn,
                                        void* user_data,
                                        const orLaunchAttributes* attributes);
+
+/* ------------------------------------------------------------------------ */
+/* Named kernels: modules, functions, launches with byte parameters          */
+/* ------------------------------------------------------------------------ */
+
+/* The launch model of a device with its own memory, after CUDA's driver API
+ * (cuModuleLoad, cuModuleGetFunction, cuLaunchKernel's kernelParams): a
+ * kernel is a function of a kernel library, looked up by name, and its
+ * arguments are bytes copied at the launch. The host never hands the device
+ * a host pointer or a closure, so the same launch works whether the device
+ * runs in this process (the thread driver) or in its own (a process driver,
+ * a real accelerator). orLaunchKernel's host function pointers are the
+ * simulator's shortcut and cannot cross to another address space.
+ *
+ * A kernel library is a shared object that exports, for each kernel, a C
+ * function of type orDeviceKernelFn. It does not link against the driver:
+ * everything it needs from the device side comes in orKernelContext. */
+
+typedef struct orModule_st* orModule_t;     /* a loaded kernel library */
+typedef struct orFunction_st* orFunction_t; /* one kernel of a module */
+
+/* What a running kernel gets from the device, besides its parameters. The
+ * driver owns it; it is valid for the duration of the kernel's call only. */
+typedef struct orKernelContext {
+  /* Version of this structure (OR_KERNEL_CONTEXT_VERSION); fields are only
+   * ever added at the end. */
+  int version;
+  /* The device the kernel runs on. */
+  int device;
+  /* The address at which this kernel reads and writes the device memory at
+   * `device_ptr` (which must lie inside a live allocation of a device or an
+   * imported one), or NULL if it is not device memory. Pinned host memory
+   * (orMallocHost) is returned as is: the device reaches it directly. */
+  void* (*translate)(struct orKernelContext* ctx, const void* device_ptr);
+  /* Records why the kernel fails (copied; the first message of a stream is
+   * kept). The kernel then returns nonzero: the stream's next
+   * synchronization returns orErrorLaunchFailure and
+   * orStreamGetErrorMessage gives this text. */
+  void (*report_error)(struct orKernelContext* ctx, const char* message);
+  /* The driver's own state. */
+  void* driver_data;
+} orKernelContext;
+
+#define OR_KERNEL_CONTEXT_VERSION 1
+/* The most parameter bytes one launch may pass (CUDA allows 32764). */
+#define OR_MAX_KERNEL_PARAMS 32768
+
+/* A kernel: params and bytes are what orLaunchFunction was given (a copy).
+ * Returns 0 on success, nonzero on failure (after report_error, preferably).
+ */
+typedef int (*orDeviceKernelFn)(const void* params, size_t bytes,
+                                orKernelContext* ctx);
+
+/* Loads the kernel library at `path` (a shared object) for every device.
+ * Loading the same path twice gives two handles to one library. *module is
+ * set to NULL first. Errors: orErrorInvalidValue (NULL arguments);
+ * orErrorFileNotFound (the file is missing or cannot be loaded). */
+OPENREG_API orError_t orModuleLoad(orModule_t* module, const char* path);
+/* Unloads a module once the work launched from it has finished (the caller
+ * guarantees that, as with orFree). Its functions become invalid. */
+OPENREG_API orError_t orModuleUnload(orModule_t module);
+/* The kernel `name` of `module`. *function is set to NULL first. Errors:
+ * orErrorInvalidValue (NULL arguments); orErrorSymbolNotFound. */
+OPENREG_API orError_t orModuleGetFunction(orFunction_t* function,
+                                          orModule_t module, const char* name);
+/* Enqueues function(params, bytes, ctx) on stream (NULL: the current
+ * device's default stream) and returns. The bytes are copied before the
+ * call returns, so the caller may reuse its buffer at once. params may be
+ * NULL when bytes is 0. attributes may be NULL (see orLaunchKernelEx).
+ * Errors: orErrorInvalidValue (function NULL, params NULL with bytes > 0,
+ * bytes > OR_MAX_KERNEL_PARAMS, a bad attribute); orErrorDeviceLost. */
+OPENREG_API orError_t orLaunchFunction(orStream_t stream, orFunction_t function,
+                                       const void* params, size_t bytes,
+                                       const orLaunchAttributes* attributes);
+/* The message given to report_error by the failed kernel whose error the
+ * stream's last synchronization (of the stream or its device) returned: ""
+ * if that kernel gave none, or if that synchronization returned no kernel
+ * failure. At most size - 1 characters, NUL-terminated. Errors:
+ * orErrorInvalidValue (message NULL with size > 0). */
+OPENREG_API orError_t orStreamGetErrorMessage(orStream_t stream, char* message,
+                                              size_t size);
 
 /* ------------------------------------------------------------------------ */
 /* Events                                                                   */

@@ -26,6 +26,9 @@ constexpr size_t kMinCapacity = size_t{1} << 20;      // 1 MiB
 // Each device maps its capacity twice (device and kernel views): 16 devices
 // of 1 TiB take 32 TiB of the 128 TiB a process can map.
 constexpr size_t kMaxCapacity = size_t{1} << 40;  // 1 TiB
+// The process driver's pinned pool: address space and a sparse file, pages
+// exist only once allocated and touched.
+constexpr size_t kPinnedPoolBytes = size_t{16} << 30;
 constexpr int kPriorityLeast = 0;
 constexpr int kPriorityGreatest = -1;
 
@@ -79,7 +82,7 @@ bool parse_bytes(const char* text, size_t* out) {
 
 // Creates the memfd arena and its two mappings. Releases what it made on
 // failure.
-orError_t create_device(int index, size_t capacity,
+orError_t create_device(int index, size_t capacity, bool kernel_view,
                         std::unique_ptr<Device>* out) {
   auto dev = std::make_unique<Device>();
   dev->index = index;
@@ -120,12 +123,19 @@ orError_t create_device(int index, size_t capacity,
     return fail("mmap (device view)");
   }
   dev->device_base = static_cast<char*>(device_view);
-  void* kernel_view = mmap(nullptr, capacity, PROT_READ | PROT_WRITE,
-                           MAP_SHARED | MAP_NORESERVE, dev->fd, 0);
-  if (kernel_view == MAP_FAILED) {
+  if (!kernel_view) {
+    // Process driver: only the device process reads and writes the arena.
+    dev->free_ranges.emplace(0, capacity);
+    dev->default_stream = new Stream(dev.get(), kPriorityLeast, true);
+    *out = std::move(dev);
+    return orSuccess;
+  }
+  void* kernel_view_ptr = mmap(nullptr, capacity, PROT_READ | PROT_WRITE,
+                               MAP_SHARED | MAP_NORESERVE, dev->fd, 0);
+  if (kernel_view_ptr == MAP_FAILED) {
     return fail("mmap (kernel view)");
   }
-  dev->kernel_base = static_cast<char*>(kernel_view);
+  dev->kernel_base = static_cast<char*>(kernel_view_ptr);
   dev->free_ranges.emplace(0, capacity);
   dev->default_stream = new Stream(dev.get(), kPriorityLeast, true);
   *out = std::move(dev);
@@ -140,6 +150,7 @@ struct Config {
   orError_t status = orErrorInitializationError;
   int count = kDefaultDeviceCount;
   size_t capacity = kDefaultCapacity;
+  bool process = false;  // OPENREG_DRIVER=process
 };
 
 const Config& config() {
@@ -167,6 +178,18 @@ const Config& config() {
                      "openreg: OPENREG_DEVICE_MEMORY='%s' is not a size from "
                      "1M to 1T per device (examples: 1073741824, 512M, 4G, "
                      "1T)\n",
+                     env);
+        return c;
+      }
+    }
+    if (const char* env = std::getenv("OPENREG_DRIVER")) {
+      if (std::strcmp(env, "process") == 0) {
+        c.process = true;
+      } else if (std::strcmp(env, "thread") != 0 && *env != '\0') {
+        std::fprintf(stderr,
+                     "openreg: OPENREG_DRIVER='%s' is not 'thread' (each "
+                     "device a set of threads of this process, the default) "
+                     "or 'process' (each device a process of its own)\n",
                      env);
         return c;
       }
@@ -199,10 +222,13 @@ InitState& init_state() {
     rt->capacity = cfg.capacity;
     for (int i = 0; i < cfg.count; ++i) {
       std::unique_ptr<Device> dev;
-      if (create_device(i, cfg.capacity, &dev) != orSuccess) {
+      if (create_device(i, cfg.capacity, !cfg.process, &dev) != orSuccess) {
         return s;
       }
       rt->devices.push_back(std::move(dev));
+    }
+    if (cfg.process && proc::start(rt, kPinnedPoolBytes) != orSuccess) {
+      return s;
     }
     install_fault_handler(rt);
     pthread_atfork(nullptr, nullptr, on_fork_child);
@@ -223,6 +249,8 @@ orError_t ensure_init() {
 }
 
 Runtime& runtime() { return *init_state().rt; }
+
+bool process_driver() { return config().process; }
 
 Device* device_at(int index) {
   auto& devs = runtime().devices;
@@ -382,6 +410,11 @@ orError_t orSimulateDeviceLoss(int device, const char* reason) {
   Device* dev = device_at(device);
   if (dev == nullptr) {
     return orErrorInvalidDevice;
+  }
+  if (dev->process != nullptr) {
+    // The device process really ends (SIGKILL); its watcher marks the device
+    // lost as for any other end.
+    return proc::kill_device(dev, reason);
   }
   {
     std::lock_guard<std::mutex> lock(dev->lost_mutex);

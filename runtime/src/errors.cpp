@@ -46,6 +46,13 @@ constexpr ErrorInfo kErrors[] = {
     {orErrorDeviceLost, "orErrorDeviceLost",
      "the device is lost (it stopped working; orDeviceGetLossReason says "
      "why): its work was dropped and every call that uses it fails"},
+    {orErrorFileNotFound, "orErrorFileNotFound",
+     "the kernel library could not be loaded (missing, or not a shared "
+     "object for this machine)"},
+    {orErrorSymbolNotFound, "orErrorSymbolNotFound",
+     "the kernel library has no kernel of that name"},
+    {orErrorNotSupported, "orErrorNotSupported",
+     "this driver does not support the operation"},
 };
 
 const ErrorInfo* find(orError_t error) {

@@ -34,7 +34,42 @@ struct orEvent {
   Device* dev;
   bool timing;
   std::shared_ptr<EventState> state;
+  // Process driver: the event's slot in the shared event table, and the
+  // generation of its latest record (under state->mu).
+  int slot = -1;
+  int ring = -1;        // of the latest record (-1: never recorded)
+  uint64_t ticket = 0;  // its command number in that ring
 };
+
+namespace {
+
+// Live events of the process driver, to complete those of a lost device.
+struct EventRegistry {
+  std::mutex mu;
+  std::set<orEvent*> events;
+};
+
+EventRegistry& registry() {
+  static auto* r = new EventRegistry();  // leaked: used until exit
+  return *r;
+}
+
+}  // namespace
+
+namespace openreg_rt {
+
+void complete_events_of(Device* dev) {
+  EventRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (orEvent* ev : r.events) {
+    if (ev->dev == dev) {
+      std::lock_guard<std::mutex> state_lock(ev->state->mu);
+      proc::event_force_complete(ev->slot, ev->state->recorded);
+    }
+  }
+}
+
+}  // namespace openreg_rt
 
 extern "C" {
 
@@ -47,9 +82,20 @@ orError_t orEventCreateWithFlags(orEvent_t* event, unsigned int flags) {
     return orErrorInvalidValue;
   }
   OR_RETURN_IF_ERROR(ensure_init());
-  *event = new orEvent{device_at(current_device()),
-                       (flags & orEventDisableTiming) == 0,
-                       std::make_shared<EventState>()};
+  auto* created = new orEvent{device_at(current_device()),
+                              (flags & orEventDisableTiming) == 0,
+                              std::make_shared<EventState>()};
+  if (process_driver()) {
+    created->slot = proc::event_slot_alloc();
+    if (created->slot < 0) {
+      delete created;
+      return orErrorMemoryAllocation;
+    }
+    EventRegistry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.events.insert(created);
+  }
+  *event = created;
   return orSuccess;
 }
 
@@ -62,6 +108,19 @@ orError_t orEventDestroy(orEvent_t event) {
     return orErrorInvalidResourceHandle;
   }
   OR_RETURN_IF_ERROR(ensure_init());
+  if (event->slot >= 0) {
+    {
+      EventRegistry& r = registry();
+      std::lock_guard<std::mutex> lock(r.mu);
+      r.events.erase(event);
+    }
+    // A record still queued writes the slot later: wait for it first (a
+    // lost device writes nothing more).
+    if (event->ring >= 0) {
+      proc::wait_ticket(event->dev, event->ring, event->ticket);
+    }
+    proc::event_slot_free(event->slot);
+  }
   delete event;
   return orSuccess;
 }
@@ -78,6 +137,19 @@ orError_t orEventRecord(orEvent_t event, orStream_t stream) {
     return orErrorInvalidResourceHandle;
   }
   OR_RETURN_IF_ERROR(check_not_lost(event->dev));
+  if (event->slot >= 0) {
+    // The generation is taken and pushed under the event's lock, so the
+    // records of one event reach the rings in generation order.
+    std::lock_guard<std::mutex> lock(event->state->mu);
+    const uint64_t generation = event->state->recorded + 1;
+    uint64_t ticket = 0;
+    OR_RETURN_IF_ERROR(
+        proc::event_record(stream, event->slot, generation, &ticket));
+    event->state->recorded = generation;
+    event->ring = stream->proc_ring_;
+    event->ticket = ticket;
+    return orSuccess;
+  }
   std::shared_ptr<EventState> st = event->state;
   uint64_t version = 0;
   {
@@ -109,6 +181,12 @@ orError_t orEventQuery(orEvent_t event) {
   OR_RETURN_IF_ERROR(ensure_init());
   OR_RETURN_IF_ERROR(check_not_lost(event->dev));
   std::lock_guard<std::mutex> lock(event->state->mu);
+  if (event->slot >= 0) {
+    return event->ring < 0 ||
+                   proc::ticket_done(event->dev, event->ring, event->ticket)
+               ? orSuccess
+               : orErrorNotReady;
+  }
   return event->state->done_locked(event->state->recorded) ? orSuccess
                                                            : orErrorNotReady;
 }
@@ -119,6 +197,19 @@ orError_t orEventSynchronize(orEvent_t event) {
   }
   OR_RETURN_IF_ERROR(ensure_init());
   EventState& st = *event->state;
+  if (event->slot >= 0) {
+    int ring = -1;
+    uint64_t ticket = 0;
+    {
+      std::lock_guard<std::mutex> lock(st.mu);
+      ring = event->ring;
+      ticket = event->ticket;
+    }
+    if (ring >= 0) {
+      OR_RETURN_IF_ERROR(proc::wait_ticket(event->dev, ring, ticket));
+    }
+    return check_not_lost(event->dev);
+  }
   {
     std::unique_lock<std::mutex> lock(st.mu);
     uint64_t target = st.recorded;
@@ -134,6 +225,17 @@ orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event) {
   OR_RETURN_IF_ERROR(ensure_init());
   if (stream == nullptr) {
     stream = device_at(current_device())->default_stream;
+  }
+  if (event->slot >= 0) {
+    uint64_t target = 0;
+    {
+      std::lock_guard<std::mutex> lock(event->state->mu);
+      target = event->state->recorded;
+    }
+    if (proc::event_completed(event->slot) >= target) {
+      return orSuccess;  // nothing pending: no wait needed
+    }
+    return proc::event_wait(stream, event->slot, target);
   }
   std::shared_ptr<EventState> st = event->state;
   uint64_t target = 0;
@@ -161,6 +263,24 @@ orError_t orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
   OR_RETURN_IF_ERROR(ensure_init());
   if (!start->timing || !end->timing) {
     return orErrorInvalidEventTiming;
+  }
+  if (start->slot >= 0) {
+    uint64_t stamps[2] = {0, 0};
+    int i = 0;
+    for (orEvent_t ev : {start, end}) {
+      std::lock_guard<std::mutex> lock(ev->state->mu);
+      if (ev->state->recorded == 0) {
+        return orErrorInvalidEventTiming;
+      }
+      if (!proc::ticket_done(ev->dev, ev->ring, ev->ticket)) {
+        return orErrorNotReady;
+      }
+      stamps[i++] = proc::event_timestamp_ns(ev->slot);
+    }
+    *ms = static_cast<float>(static_cast<double>(stamps[1]) -
+                             static_cast<double>(stamps[0])) /
+          1e6f;
+    return orSuccess;
   }
   Clock::time_point t0;
   Clock::time_point t1;

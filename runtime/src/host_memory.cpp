@@ -82,10 +82,16 @@ orError_t orMallocHost(void** ptr, size_t size) {
   if (size == 0) {
     return orSuccess;
   }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    return orErrorMemoryAllocation;
+  void* p = nullptr;
+  if (process_driver()) {
+    // Shared with the device processes, which copy from and to it directly.
+    OR_RETURN_IF_ERROR(proc::pinned_alloc(size, &p));
+  } else {
+    p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+             -1, 0);
+    if (p == MAP_FAILED) {
+      return orErrorMemoryAllocation;
+    }
   }
   HostRegistry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -110,7 +116,11 @@ orError_t orFreeHost(void* ptr) {
     size = it->second;
     r.blocks.erase(it);
   }
-  munmap(ptr, size);
+  if (process_driver()) {
+    proc::pinned_free(ptr);
+  } else {
+    munmap(ptr, size);
+  }
   return orSuccess;
 }
 

@@ -214,6 +214,9 @@ orError_t orIpcGetMemHandle(orIpcMemHandle_t* handle, void* devPtr) {
   }
   std::memset(handle, 0, sizeof(*handle));
   OR_RETURN_IF_ERROR(ensure_init());
+  if (process_driver()) {
+    return orErrorNotSupported;  // not yet: docs/process-driver.md
+  }
   Device* dev = device_of(devPtr);  // imported memory is not in an arena
   if (dev == nullptr) {
     return orErrorInvalidDevicePointer;
@@ -266,6 +269,9 @@ orError_t orIpcOpenMemHandle(void** devPtr, orIpcMemHandle_t handle,
     return orErrorInvalidValue;
   }
   OR_RETURN_IF_ERROR(ensure_init());
+  if (process_driver()) {
+    return orErrorNotSupported;  // not yet: docs/process-driver.md
+  }
   HandleData h;
   std::memcpy(&h, handle.reserved, sizeof(h));
   if (h.magic != kHandleMagic || h.version != kHandleVersion || h.pid <= 0 ||

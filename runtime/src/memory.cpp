@@ -361,6 +361,18 @@ orError_t orMemcpy(void* dst, const void* src, size_t count,
   if (src_range.dev != nullptr && src_range.dev != dst_range.dev) {
     OR_RETURN_IF_ERROR(src_range.dev->default_stream->synchronize());
   }
+  if (process_driver()) {
+    if (dst_range.imported || src_range.imported) {
+      return orErrorNotSupported;
+    }
+    Device* runner = dst_range.dev != nullptr ? dst_range.dev : src_range.dev;
+    if (runner == nullptr) {
+      std::memmove(dst, src, count);
+      return orSuccess;
+    }
+    return proc::copy(runner->default_stream, dst, src, count,
+                      dst_range.dev != nullptr, src_range.dev != nullptr, true);
+  }
   do_copy(dst, src, count, dst_range, src_range);
   return orSuccess;
 }
@@ -383,6 +395,16 @@ orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
   bool pageable =
       (dst_range.dev == nullptr && !host_range_is_pinned(dst, count)) ||
       (src_range.dev == nullptr && !host_range_is_pinned(src, count));
+  if (process_driver()) {
+    if (dst_range.imported || src_range.imported) {
+      return orErrorNotSupported;
+    }
+    if (pageable) {
+      OR_RETURN_IF_ERROR(stream->synchronize());
+    }
+    return proc::copy(stream, dst, src, count, dst_range.dev != nullptr,
+                      src_range.dev != nullptr, pageable);
+  }
   if (pageable) {
     // CUDA semantics: a copy to or from pageable memory is synchronous.
     OR_RETURN_IF_ERROR(stream->synchronize());
@@ -404,6 +426,12 @@ orError_t orMemset(void* dst, int value, size_t count) {
   }
   OR_RETURN_IF_ERROR(check_not_lost(range.dev));
   OR_RETURN_IF_ERROR(range.dev->default_stream->synchronize());
+  if (process_driver()) {
+    if (range.imported) {
+      return orErrorNotSupported;
+    }
+    return proc::memset(range.dev->default_stream, dst, value, count);
+  }
   std::memset(kernel_ptr(range, dst), value, count);
   return orSuccess;
 }
@@ -414,6 +442,11 @@ orError_t orGetKernelPointer(void** kernel_ptr_out, const void* device_ptr) {
   }
   *kernel_ptr_out = nullptr;
   OR_RETURN_IF_ERROR(ensure_init());
+  if (process_driver()) {
+    // The memory lives in the device processes: nothing in this process
+    // may read or write it.
+    return orErrorNotSupported;
+  }
   if (Device* dev = device_of(device_ptr)) {
     *kernel_ptr_out = kernel_ptr(*dev, device_ptr);
     return orSuccess;

@@ -19,7 +19,28 @@
 
 struct orStream;
 
+// A loaded kernel library (module.cpp).
+struct orModule_st {
+  void* handle = nullptr;  // dlopen's (thread driver)
+  int id = -1;             // the device processes' number (process driver)
+  std::string path;
+  std::mutex mu;  // guards functions
+  std::map<std::string, std::unique_ptr<orFunction_st>> functions;
+};
+
+// One kernel of a module; lives as long as its module.
+struct orFunction_st {
+  orModule_st* module = nullptr;
+  orDeviceKernelFn fn = nullptr;  // thread driver
+  int id = -1;                    // process driver
+  std::string name;
+};
+
 namespace openreg_rt {
+
+namespace proc {
+struct ProcessDevice;
+}
 
 // Alignment of every device allocation (the address and the rounded size).
 constexpr size_t kAllocAlignment = 512;
@@ -62,6 +83,10 @@ struct Device {
   std::set<Stream*> streams;         // every live stream of the device
   Stream* default_stream = nullptr;  // created with the device, never freed
 
+  // The process driver's side of the device (process_driver.cpp), or
+  // nullptr with the thread driver.
+  proc::ProcessDevice* process = nullptr;
+
   bool contains(const void* p) const {
     auto c = static_cast<const char*>(p);
     return c >= device_base && c < device_base + capacity;
@@ -72,6 +97,51 @@ struct Runtime {
   std::vector<std::unique_ptr<Device>> devices;
   size_t capacity = 0;
 };
+
+// True when OPENREG_DRIVER=process: every device is a process of its own
+// (process_driver.cpp) and the functions below route to proc::.
+bool process_driver();
+
+namespace proc {
+// The process driver (process_driver.cpp). Callers have validated their
+// arguments as for the thread driver.
+orError_t start(Runtime* rt, size_t pinned_capacity);
+int device_pid(const Device* dev);
+orError_t stream_create(Stream* stream);
+void stream_destroy(Stream* stream);
+orError_t stream_synchronize(Stream* stream);  // moves the ring's error in
+bool stream_idle(Stream* stream);
+orError_t module_load(orModule_st* module, const char* path);
+void module_unload(orModule_st* module);
+orError_t function_get(orModule_st* module, const char* name,
+                       orFunction_st* fn);
+orError_t launch(Stream* stream, const orFunction_st* fn, const void* params,
+                 size_t bytes);
+orError_t pinned_alloc(size_t size, void** ptr);
+void pinned_free(void* ptr);
+orError_t copy(Stream* stream, void* dst, const void* src, size_t count,
+               bool dst_is_device, bool src_is_device, bool wait);
+orError_t memset(Stream* stream, void* dst, int value, size_t count);
+int event_slot_alloc();
+void event_slot_free(int slot);
+// Records into the event's slot (for device-side waits); *ticket is the
+// command's number in the stream's ring. The host asks the ring whether a
+// record has completed (ticket_done, wait_ticket), so "the event has
+// completed" and "its stream has finished" always agree.
+orError_t event_record(Stream* stream, int slot, uint64_t generation,
+                       uint64_t* ticket);
+bool ticket_done(const Device* dev, int ring, uint64_t ticket);
+orError_t wait_ticket(const Device* dev, int ring, uint64_t ticket);
+orError_t event_wait(Stream* stream, int slot, uint64_t generation);
+uint64_t event_completed(int slot);
+uint64_t event_timestamp_ns(int slot);
+void event_force_complete(int slot, uint64_t generation);
+orError_t kill_device(Device* dev, const char* reason);
+}  // namespace proc
+
+// Completes the events whose latest record was on `dev` (a lost device
+// never records them): event.cpp.
+void complete_events_of(Device* dev);
 
 // Set in a forked child of a process that initialised the runtime.
 extern std::atomic<bool> g_forked;
@@ -163,6 +233,9 @@ struct orStream {
   // Appends a launched kernel (orLaunchKernelEx): no allocation.
   // `host_threads` is orLaunchAttributes::hostThreads.
   void enqueue_kernel(orKernelFn fn, void* user_data, int host_threads);
+  // Appends a named kernel (orLaunchFunction) with its parameter bytes.
+  void enqueue_function(orFunction_t fn, std::unique_ptr<char[]> params,
+                        size_t bytes, int host_threads);
   // Appends a marker (an event record): when the worker reaches it, `signal`
   // runs under the stream's lock in the same step that counts it completed,
   // so "the event completed" and "the stream is idle" are never observed to
@@ -173,14 +246,19 @@ struct orStream {
   // Blocks until all work enqueued before the call has finished, then returns
   // and clears the first error a task recorded.
   orError_t synchronize();
-  // Called from tasks: remembers the first failure.
-  void record_error(orError_t err);
+  // Called from tasks: remembers the first failure (and its message).
+  void record_error(orError_t err, const char* message = nullptr);
+  // The message of the failure the last synchronize() returned.
+  std::string last_error_message();
 
   // private to stream.cpp:
   struct Task {
     std::function<void()> fn;     // runtime work (copies, markers), or
     orKernelFn kernel = nullptr;  // a launched kernel and its argument
     void* user_data = nullptr;
+    orFunction_t function = nullptr;  // or a named kernel and its bytes
+    std::unique_ptr<char[]> params;
+    size_t bytes = 0;
     bool marker = false;  // see enqueue_marker
     // The kernel may keep host threads besides the worker busy (its
     // hostThreads attribute is 0 or more than 1): see run().
@@ -231,8 +309,19 @@ struct orStream {
   std::thread worker_;
   bool stop_ = false;
 
-  std::mutex mu_;  // markers and idle(); guards error_
+  // Runs a named kernel on the worker.
+  void run_function(Task& task);
+
+  // Process driver: the stream's command ring in its device's control block
+  // (-1: none), and the commands pushed so far (under proc_mu_).
+  int proc_ring_ = -1;
+  std::mutex proc_mu_;
+  uint64_t proc_tail_ = 0;
+
+  std::mutex mu_;  // markers and idle(); guards the three fields below
   orError_t error_ = orSuccess;
+  std::string error_message_;     // of error_
+  std::string reported_message_;  // of the error synchronize() returned
 };
 
 #define OR_RETURN_IF_ERROR(expr) \

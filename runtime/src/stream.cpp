@@ -61,6 +61,16 @@ void orStream::enqueue_kernel(orKernelFn fn, void* user_data,
   push(std::move(t));
 }
 
+void orStream::enqueue_function(orFunction_t fn, std::unique_ptr<char[]> params,
+                                size_t bytes, int host_threads) {
+  Task t;
+  t.function = fn;
+  t.params = std::move(params);
+  t.bytes = bytes;
+  t.host_threads = host_threads != 1;
+  push(std::move(t));
+}
+
 void orStream::enqueue_marker(std::function<void()> signal) {
   Task t;
   t.fn = std::move(signal);
@@ -110,6 +120,9 @@ void orStream::wake_worker() {
 }
 
 bool orStream::idle() {
+  if (proc_ring_ >= 0) {
+    return openreg_rt::proc::stream_idle(this);
+  }
   // Under mu_: a marker's signal and its count happen in one step.
   std::lock_guard<std::mutex> lock(mu_);
   return completed_.load(std::memory_order_acquire) ==
@@ -158,18 +171,30 @@ void orStream::notify_waiters(uint64_t completed) {
 // [/doc:stream-wait]
 
 orError_t orStream::synchronize() {
-  wait_completed(tail_.load(std::memory_order_acquire));
+  if (proc_ring_ >= 0) {
+    OR_RETURN_IF_ERROR(openreg_rt::proc::stream_synchronize(this));
+  } else {
+    wait_completed(tail_.load(std::memory_order_acquire));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   orError_t err = error_;
   error_ = orSuccess;
+  reported_message_ = std::move(error_message_);
+  error_message_.clear();
   return err != orSuccess ? err : openreg_rt::check_not_lost(dev_);
 }
 
-void orStream::record_error(orError_t err) {
+void orStream::record_error(orError_t err, const char* message) {
   std::lock_guard<std::mutex> lock(mu_);
   if (error_ == orSuccess) {
     error_ = err;
+    error_message_ = message != nullptr ? message : "";
   }
+}
+
+std::string orStream::last_error_message() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reported_message_;
 }
 
 // [doc:stream-worker]
@@ -252,11 +277,15 @@ void orStream::run() {
       // user_data is not handed back; whoever waits sees
       // orErrorDeviceLost).
       task.fn = nullptr;
+      task.params.reset();
     } else if (task.kernel != nullptr) {
       may_hold_threads = may_hold_threads || task.host_threads;
       if (task.kernel(task.user_data) != 0) {
         record_error(orErrorLaunchFailure);
       }
+    } else if (task.function != nullptr) {
+      may_hold_threads = may_hold_threads || task.host_threads;
+      run_function(task);
     } else {
       task.fn();
       task.fn = nullptr;  // release captures before reporting completion
@@ -306,7 +335,19 @@ orError_t orStreamCreateWithPriority(orStream_t* stream, int priority) {
   orDeviceGetStreamPriorityRange(&least, &greatest);
   priority = priority > least ? least : priority;
   priority = priority < greatest ? greatest : priority;
-  *stream = new orStream(device_at(current_device()), priority, false);
+  auto* created = new orStream(device_at(current_device()), priority, false);
+  if (process_driver()) {
+    orError_t err = proc::stream_create(created);
+    if (err != orSuccess) {
+      {
+        std::lock_guard<std::mutex> lock(created->device()->streams_mutex);
+        created->device()->streams.erase(created);
+      }
+      delete created;
+      return err;
+    }
+  }
+  *stream = created;
   return orSuccess;
 }
 
@@ -320,6 +361,9 @@ orError_t orStreamDestroy(orStream_t stream) {
   }
   OR_RETURN_IF_ERROR(ensure_init());
   orError_t err = stream->synchronize();
+  if (stream->proc_ring_ >= 0) {
+    proc::stream_destroy(stream);
+  }
   {
     Device* dev = stream->device();
     std::lock_guard<std::mutex> lock(dev->streams_mutex);
@@ -371,10 +415,15 @@ orError_t orLaunchKernelEx(orStream_t stream, orKernelFn fn, void* user_data,
   const orLaunchAttributes defaults{};
   const orLaunchAttributes& attrs =
       attributes != nullptr ? *attributes : defaults;
+  OR_RETURN_IF_ERROR(ensure_init());
+  if (process_driver()) {
+    // A host function pointer means nothing in another address space:
+    // the process driver runs named kernels only (orLaunchFunction).
+    return orErrorNotSupported;
+  }
   if (fn == nullptr || attrs.hostThreads < 0) {
     return orErrorInvalidValue;
   }
-  OR_RETURN_IF_ERROR(ensure_init());
   resolve(&stream);
   OR_RETURN_IF_ERROR(check_not_lost(stream->device()));
   stream->enqueue_kernel(fn, user_data, attrs.hostThreads);

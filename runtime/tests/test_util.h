@@ -40,6 +40,30 @@ inline size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
     }                                                     \
   } while (0)
 
+inline int NoOpKernel(void*) { return 0; }
+
+// Skips the current test if the driver cannot launch host functions
+// (orLaunchKernel): a driver whose devices run in another address space,
+// such as OPENREG_DRIVER=process, runs named kernels only.
+#define OR_REQUIRE_HOST_KERNELS()                                        \
+  do {                                                                   \
+    if (orLaunchKernel(nullptr, &::openreg_test::NoOpKernel, nullptr) == \
+        orErrorNotSupported) {                                           \
+      GTEST_SKIP() << "the driver runs named kernels only "              \
+                   << "(orLaunchKernel: orErrorNotSupported)";           \
+    }                                                                    \
+  } while (0)
+
+// Skips the current test if the driver does not implement IPC.
+#define OR_REQUIRE_IPC()                                              \
+  do {                                                                \
+    orIpcMemHandle_t probe_;                                          \
+    if (orIpcGetMemHandle(&probe_, nullptr) == orErrorNotSupported) { \
+      GTEST_SKIP() << "the driver does not implement IPC "            \
+                   << "(orIpcGetMemHandle: orErrorNotSupported)";     \
+    }                                                                 \
+  } while (0)
+
 // Every test starts and ends on device 0 so that tests sharing one process
 // (a plain run of the binary, as opposed to ctest) do not leak state.
 class RuntimeTest : public ::testing::Test {

@@ -208,6 +208,9 @@ TEST(ErrorStringTest, EveryCodeHasItsNameAndADistinctDescription) {
       {orErrorIpcSameProcess, 13, "orErrorIpcSameProcess"},
       {orErrorMapBufferObjectFailed, 14, "orErrorMapBufferObjectFailed"},
       {orErrorDeviceLost, 15, "orErrorDeviceLost"},
+      {orErrorFileNotFound, 16, "orErrorFileNotFound"},
+      {orErrorSymbolNotFound, 17, "orErrorSymbolNotFound"},
+      {orErrorNotSupported, 18, "orErrorNotSupported"},
   };
   std::set<std::string> descriptions;
   for (const Expected& e : kAll) {
@@ -229,7 +232,7 @@ TEST(ErrorStringTest, EveryCodeHasItsNameAndADistinctDescription) {
 TEST(ErrorStringTest, UnknownCodes) {
   // The value a C++ caller can form without UB (the enum's range is 0..31);
   // the lookup treats any other int the same way.
-  for (int code : {16, 31}) {
+  for (int code : {19, 31}) {
     SCOPED_TRACE(code);
     auto err = static_cast<orError_t>(code);
     ASSERT_NE(nullptr, orGetErrorString(err));

@@ -83,6 +83,18 @@
     (orStream_t stream, orKernelFn fn, void* user_data,                        \
      const orLaunchAttributes* attributes),                                    \
     (stream, fn, user_data, attributes))                                       \
+  X(orError_t, orModuleLoad, (orModule_t * module, const char* path),          \
+    (module, path))                                                            \
+  X(orError_t, orModuleUnload, (orModule_t module), (module))                  \
+  X(orError_t, orModuleGetFunction,                                            \
+    (orFunction_t * function, orModule_t module, const char* name),            \
+    (function, module, name))                                                  \
+  X(orError_t, orLaunchFunction,                                               \
+    (orStream_t stream, orFunction_t function, const void* params,             \
+     size_t bytes, const orLaunchAttributes* attributes),                      \
+    (stream, function, params, bytes, attributes))                             \
+  X(orError_t, orStreamGetErrorMessage,                                        \
+    (orStream_t stream, char* message, size_t size), (stream, message, size))  \
   X(orError_t, orEventCreateWithFlags,                                         \
     (orEvent_t * event, unsigned int flags), (event, flags))                   \
   X(orError_t, orEventCreate, (orEvent_t * event), (event))                    \

@@ -62,6 +62,7 @@ TEST_F(EventTest, NeverRecordedEventIsComplete) {
 }
 
 TEST_F(EventTest, RecordQuerySynchronize) {
+  OR_REQUIRE_HOST_KERNELS();
   StreamHandle stream;
   EventHandle event;
   Gate gate;
@@ -76,6 +77,7 @@ TEST_F(EventTest, RecordQuerySynchronize) {
 }
 
 TEST_F(EventTest, RecordOnDefaultStream) {
+  OR_REQUIRE_HOST_KERNELS();
   EventHandle event;
   Gate gate;
   OR_ASSERT_OK(orLaunchKernel(nullptr, Gate::Kernel, &gate));
@@ -106,6 +108,7 @@ TEST_F(EventTest, CompletedEventImpliesIdleStreamAndViceVersa) {
 }
 
 TEST_F(EventTest, ReRecordingTracksTheLatestRecord) {
+  OR_REQUIRE_HOST_KERNELS();
   StreamHandle stream;
   EventHandle event;
   OR_ASSERT_OK(orEventRecord(event.get(), stream.get()));
@@ -143,6 +146,7 @@ int Consume(void* arg) {
 }
 
 TEST_F(EventTest, StreamWaitEventOrdersWorkAcrossStreams) {
+  OR_REQUIRE_HOST_KERNELS();
   StreamHandle a;
   StreamHandle b;
   EventHandle event(orEventDisableTiming);
@@ -157,6 +161,7 @@ TEST_F(EventTest, StreamWaitEventOrdersWorkAcrossStreams) {
 }
 
 TEST_F(EventTest, StreamWaitEventBlocksUntilTheRecordCompletes) {
+  OR_REQUIRE_HOST_KERNELS();
   StreamHandle a;
   StreamHandle b;
   EventHandle event;
@@ -181,6 +186,7 @@ TEST_F(EventTest, StreamWaitEventBlocksUntilTheRecordCompletes) {
 }
 
 TEST_F(EventTest, StreamWaitEventAcrossDevices) {
+  OR_REQUIRE_HOST_KERNELS();
   OR_REQUIRE_DEVICES(2);
   OR_ASSERT_OK(orSetDevice(1));
   StreamHandle a;  // device 1
@@ -206,6 +212,7 @@ TEST_F(EventTest, WaitOnNeverRecordedEventIsNoOp) {
 }
 
 TEST_F(EventTest, WaitUsesTheRecordCurrentAtCallTime) {
+  OR_REQUIRE_HOST_KERNELS();
   // The event is recorded on A (blocked), B waits for that record, then the
   // event is recorded again on the idle stream C. B must keep waiting for
   // A's record, not be released by C's newer one.
@@ -240,6 +247,7 @@ TEST_F(EventTest, WaitUsesTheRecordCurrentAtCallTime) {
 }
 
 TEST_F(EventTest, ElapsedTimeAroundASleepingKernel) {
+  OR_REQUIRE_HOST_KERNELS();
   StreamHandle stream;
   EventHandle start;
   EventHandle end;
@@ -290,6 +298,7 @@ TEST_F(EventTest, ElapsedTimeNeedsRecordedEvents) {
 }
 
 TEST_F(EventTest, ElapsedTimeOfPendingEventIsNotReady) {
+  OR_REQUIRE_HOST_KERNELS();
   StreamHandle stream;
   EventHandle start;
   EventHandle end;
@@ -353,6 +362,7 @@ TEST_F(EventTest, NullHandles) {
 }
 
 TEST_F(EventTest, DestroyWithRecordStillPending) {
+  OR_REQUIRE_HOST_KERNELS();
   StreamHandle stream;
   Gate gate;
   OR_ASSERT_OK(orLaunchKernel(stream.get(), Gate::Kernel, &gate));

@@ -29,11 +29,13 @@ bool IsZero(const orIpcMemHandle_t& h) {
 using IpcTest = RuntimeTest;
 
 TEST_F(IpcTest, HandleIsSixtyFourOpaqueBytes) {
+  OR_REQUIRE_IPC();
   EXPECT_EQ(64u, sizeof(orIpcMemHandle_t));
   EXPECT_EQ(static_cast<size_t>(OR_IPC_HANDLE_SIZE), sizeof(orIpcMemHandle_t));
 }
 
 TEST_F(IpcTest, GetMemHandleRejectsWhatIsNotALiveAllocation) {
+  OR_REQUIRE_IPC();
   EXPECT_EQ(orErrorInvalidValue, orIpcGetMemHandle(nullptr, nullptr));
   orIpcMemHandle_t handle;
   std::memset(&handle, 0x5a, sizeof(handle));
@@ -52,6 +54,7 @@ TEST_F(IpcTest, GetMemHandleRejectsWhatIsNotALiveAllocation) {
 }
 
 TEST_F(IpcTest, SameAllocationSameHandleNewAllocationNewHandle) {
+  OR_REQUIRE_IPC();
   void* p = nullptr;
   OR_ASSERT_OK(orMalloc(&p, 8192));
   orIpcMemHandle_t first;
@@ -70,6 +73,7 @@ TEST_F(IpcTest, SameAllocationSameHandleNewAllocationNewHandle) {
 }
 
 TEST_F(IpcTest, OpeningAHandleOfThisProcessFails) {
+  OR_REQUIRE_IPC();
   DeviceBuffer buffer(4096);
   orIpcMemHandle_t handle;
   OR_ASSERT_OK(orIpcGetMemHandle(&handle, buffer.get()));
@@ -79,6 +83,7 @@ TEST_F(IpcTest, OpeningAHandleOfThisProcessFails) {
 }
 
 TEST_F(IpcTest, OpenRejectsBadArguments) {
+  OR_REQUIRE_IPC();
   orIpcMemHandle_t zero{};
   EXPECT_EQ(orErrorInvalidValue, orIpcOpenMemHandle(nullptr, zero, 0));
   void* p = reinterpret_cast<void*>(0x1);
@@ -96,6 +101,7 @@ TEST_F(IpcTest, OpenRejectsBadArguments) {
 }
 
 TEST_F(IpcTest, CloseRejectsWhatWasNotOpened) {
+  OR_REQUIRE_IPC();
   EXPECT_EQ(orErrorInvalidValue, orIpcCloseMemHandle(nullptr));
   DeviceBuffer buffer(4096);
   EXPECT_EQ(orErrorInvalidDevicePointer, orIpcCloseMemHandle(buffer.get()));
@@ -104,6 +110,8 @@ TEST_F(IpcTest, CloseRejectsWhatWasNotOpened) {
 }
 
 TEST_F(IpcTest, PeerMemoryIsSharedBothWays) {
+  OR_REQUIRE_IPC();
+  OR_REQUIRE_HOST_KERNELS();
   Peer peer;
   ASSERT_TRUE(peer.ok());
   void* p = nullptr;
@@ -144,6 +152,7 @@ TEST_F(IpcTest, PeerMemoryIsSharedBothWays) {
 }
 
 TEST_F(IpcTest, OpeningTwiceGivesTheSamePointerAndNeedsTwoCloses) {
+  OR_REQUIRE_IPC();
   Peer peer;
   ASSERT_TRUE(peer.ok());
   void* a = nullptr;
@@ -163,6 +172,7 @@ TEST_F(IpcTest, OpeningTwiceGivesTheSamePointerAndNeedsTwoCloses) {
 }
 
 TEST_F(IpcTest, HandleOfFreedMemoryIsStale) {
+  OR_REQUIRE_IPC();
   Peer peer;
   ASSERT_TRUE(peer.ok());
   ASSERT_EQ('k', peer.Ask('f'));
@@ -173,6 +183,7 @@ TEST_F(IpcTest, HandleOfFreedMemoryIsStale) {
 }
 
 TEST_F(IpcTest, HandleOfAnExitedProcessIsStale) {
+  OR_REQUIRE_IPC();
   Peer peer;
   ASSERT_TRUE(peer.ok());
   const orIpcMemHandle_t handle = peer.handle();
@@ -182,6 +193,7 @@ TEST_F(IpcTest, HandleOfAnExitedProcessIsStale) {
 }
 
 TEST_F(IpcTest, MemoryOfDeviceOneOpensAsDeviceOne) {
+  OR_REQUIRE_IPC();
   OR_REQUIRE_DEVICES(2);
   Peer peer(1);
   ASSERT_TRUE(peer.ok());

@@ -447,6 +447,7 @@ int AliasKernel(void* arg) {
 }
 
 TEST_F(MemoryTest, KernelPointerIsAWritableAliasOfDeviceMemory) {
+  OR_REQUIRE_HOST_KERNELS();
   const size_t n = 8192;
   DeviceBuffer dev(n);
   void* kp = nullptr;
@@ -478,6 +479,7 @@ TEST_F(MemoryTest, KernelPointerIsAWritableAliasOfDeviceMemory) {
 }
 
 TEST_F(MemoryTest, KernelPointerBadArguments) {
+  OR_REQUIRE_HOST_KERNELS();
   DeviceBuffer dev(512);
   EXPECT_EQ(orErrorInvalidValue, orGetKernelPointer(nullptr, dev.get()));
   int host = 0;
@@ -505,6 +507,7 @@ int DelayedWrite(void* arg) {
 }
 
 TEST_F(MemoryTest, MemcpyIsOrderedAfterDefaultStreamWork) {
+  OR_REQUIRE_HOST_KERNELS();
   DeviceBuffer dev(512);
   OR_ASSERT_OK(orMemset(dev.get(), 0, 512));
   WriteArgs args{nullptr, 0x1234567, 20};
@@ -516,6 +519,7 @@ TEST_F(MemoryTest, MemcpyIsOrderedAfterDefaultStreamWork) {
 }
 
 TEST_F(MemoryTest, MemcpyAsyncWithPinnedMemoryIsQueued) {
+  OR_REQUIRE_HOST_KERNELS();
   const size_t n = 64 * 1024;
   void* pinned_in = nullptr;
   void* pinned_out = nullptr;
@@ -554,6 +558,7 @@ TEST_F(MemoryTest, MemcpyAsyncWithPinnedMemoryIsQueued) {
 }
 
 TEST_F(MemoryTest, MemcpyAsyncWithPageableMemoryWaits) {
+  OR_REQUIRE_HOST_KERNELS();
   DeviceBuffer dev(512);
   WriteArgs args{nullptr, 77, 20};
   OR_ASSERT_OK(orGetKernelPointer(&args.kernel_ptr, dev.get()));

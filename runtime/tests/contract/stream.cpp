@@ -114,6 +114,7 @@ TEST_F(StreamTest, PriorityIsClampedIntoRange) {
 }
 
 TEST_F(StreamTest, BadHandlesAndArguments) {
+  OR_REQUIRE_HOST_KERNELS();
   EXPECT_EQ(orErrorInvalidValue, orStreamCreate(nullptr));
   EXPECT_EQ(orErrorInvalidValue, orStreamCreateWithPriority(nullptr, 0));
   EXPECT_EQ(orErrorInvalidResourceHandle, orStreamDestroy(nullptr));
@@ -138,6 +139,7 @@ TEST_F(StreamTest, BadHandlesAndArguments) {
 }
 
 TEST_F(StreamTest, DefaultStreamCannotBeDestroyed) {
+  OR_REQUIRE_HOST_KERNELS();
   const int count = DeviceCount();
   for (int d = 0; d < count; ++d) {
     orStream_t def = nullptr;
@@ -153,6 +155,7 @@ TEST_F(StreamTest, DefaultStreamCannotBeDestroyed) {
 }
 
 TEST_F(StreamTest, KernelsRunInLaunchOrder) {
+  OR_REQUIRE_HOST_KERNELS();
   for (bool use_default : {false, true}) {
     SCOPED_TRACE(use_default ? "default stream" : "created stream");
     StreamHandle created;
@@ -174,6 +177,7 @@ TEST_F(StreamTest, KernelsRunInLaunchOrder) {
 // Attributes describe a kernel; they never change where or in what order it
 // runs.
 TEST_F(StreamTest, KernelsLaunchedWithAttributesRunInLaunchOrder) {
+  OR_REQUIRE_HOST_KERNELS();
   StreamHandle stream;
   std::vector<int> log;
   std::vector<Step> steps;
@@ -201,6 +205,7 @@ int ReportDevice(void* out) {
 }
 
 TEST_F(StreamTest, KernelsRunWithTheStreamsDeviceCurrent) {
+  OR_REQUIRE_HOST_KERNELS();
   const int count = DeviceCount();
   for (int d = 0; d < count; ++d) {
     SCOPED_TRACE(d);
@@ -215,6 +220,7 @@ TEST_F(StreamTest, KernelsRunWithTheStreamsDeviceCurrent) {
 }
 
 TEST_F(StreamTest, QueryReportsRunningWorkUntilItFinishes) {
+  OR_REQUIRE_HOST_KERNELS();
   StreamHandle stream;
   Gate gate;
   OR_ASSERT_OK(orLaunchKernel(stream.get(), Gate::Kernel, &gate));
@@ -229,6 +235,7 @@ TEST_F(StreamTest, QueryReportsRunningWorkUntilItFinishes) {
 }
 
 TEST_F(StreamTest, QueryOnDefaultStream) {
+  OR_REQUIRE_HOST_KERNELS();
   Gate gate;
   OR_ASSERT_OK(orLaunchKernel(nullptr, Gate::Kernel, &gate));
   gate.WaitEntered();
@@ -242,6 +249,7 @@ TEST_F(StreamTest, QueryOnDefaultStream) {
 }
 
 TEST_F(StreamTest, LaunchFailureIsReportedOnceBySynchronize) {
+  OR_REQUIRE_HOST_KERNELS();
   StreamHandle stream;
   std::vector<int> log;
   Step after{&log, 7};
@@ -262,6 +270,7 @@ TEST_F(StreamTest, LaunchFailureIsReportedOnceBySynchronize) {
 }
 
 TEST_F(StreamTest, DeviceSynchronizeWaitsForEveryStream) {
+  OR_REQUIRE_HOST_KERNELS();
   const int kStreams = 3;
   std::vector<std::unique_ptr<StreamHandle>> streams;
   std::atomic<bool> flags[kStreams + 1] = {};
@@ -278,6 +287,7 @@ TEST_F(StreamTest, DeviceSynchronizeWaitsForEveryStream) {
 }
 
 TEST_F(StreamTest, DeviceSynchronizeReportsAndClearsKernelFailures) {
+  OR_REQUIRE_HOST_KERNELS();
   StreamHandle stream;
   OR_ASSERT_OK(orLaunchKernel(stream.get(), FailingKernel, nullptr));
   EXPECT_EQ(orErrorLaunchFailure, orDeviceSynchronize());
@@ -290,6 +300,7 @@ TEST_F(StreamTest, DeviceSynchronizeReportsAndClearsKernelFailures) {
 }
 
 TEST_F(StreamTest, DeviceSynchronizeIsPerDevice) {
+  OR_REQUIRE_HOST_KERNELS();
   OR_REQUIRE_DEVICES(2);
   orStream_t def1 = nullptr;
   OR_ASSERT_OK(orDeviceGetDefaultStream(1, &def1));
@@ -307,6 +318,7 @@ TEST_F(StreamTest, DeviceSynchronizeIsPerDevice) {
 }
 
 TEST_F(StreamTest, DestroyWaitsForQueuedWork) {
+  OR_REQUIRE_HOST_KERNELS();
   std::atomic<bool> done{false};
   orStream_t stream = nullptr;
   OR_ASSERT_OK(orStreamCreate(&stream));
@@ -316,6 +328,7 @@ TEST_F(StreamTest, DestroyWaitsForQueuedWork) {
 }
 
 TEST_F(StreamTest, ManyStreamsCreatedAndDestroyed) {
+  OR_REQUIRE_HOST_KERNELS();
   std::vector<orStream_t> streams(32, nullptr);
   for (auto& s : streams) OR_ASSERT_OK(orStreamCreate(&s));
   std::atomic<int> counter{0};
@@ -349,6 +362,7 @@ int RecordTagged(void* arg) {
 }
 
 TEST_F(StreamTest, ConcurrentLaunchesFromManyThreads) {
+  OR_REQUIRE_HOST_KERNELS();
   // 4 x 1000 launches on the shared stream: more than a launch queue of
   // finite capacity holds, so producers also meet a full queue.
   const int kThreads = 4;
@@ -411,6 +425,7 @@ TEST_F(StreamTest, ConcurrentLaunchesFromManyThreads) {
 }
 
 TEST_F(StreamTest, HostFarAheadOfABlockedStreamWaitsForRoomInOrder) {
+  OR_REQUIRE_HOST_KERNELS();
   // The first kernel blocks; the host launches far more work than a launch
   // queue holds. A launch may block for room (CUDA's does), but nothing is
   // lost or reordered, and everything runs once the gate opens.
@@ -441,6 +456,7 @@ TEST_F(StreamTest, HostFarAheadOfABlockedStreamWaitsForRoomInOrder) {
 }
 
 TEST_F(StreamTest, ManyThreadsSynchronizeAtDifferentPoints) {
+  OR_REQUIRE_HOST_KERNELS();
   // Waiters with different targets: each returns once the work launched
   // before its call has finished, neither earlier nor never.
   StreamHandle stream;
@@ -466,6 +482,7 @@ TEST_F(StreamTest, ManyThreadsSynchronizeAtDifferentPoints) {
 }
 
 TEST_F(StreamTest, StreamsOfOneDeviceRunConcurrently) {
+  OR_REQUIRE_HOST_KERNELS();
   // Stream A blocks on a gate that only a kernel on stream B opens: this
   // completes only if the streams have independent workers.
   StreamHandle a;

@@ -1,0 +1,346 @@
+// openreg-device: one simulated device as its own process (the process
+// driver, process_driver.cpp, starts one per device with posix_spawn).
+//
+// It maps the files the user's process passed down (process_protocol.h):
+// its control block, the shared event slots, the pinned pool and every
+// device's arena, read-write (the user's process keeps only the no-access
+// view of the arenas). Its main thread answers requests (load a module, look
+// up a function, start or stop a stream); each stream has a worker thread
+// that takes commands from its ring in order and runs them. It ends with
+// its parent (PR_SET_PDEATHSIG), and whatever kills it (a faulting kernel,
+// kill -9) loses the device without harming the user's process.
+#include <dlfcn.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "process_protocol.h"
+
+using namespace openreg_proc;
+
+namespace {
+
+Control* g_control = nullptr;
+Events* g_events = nullptr;
+char* g_pinned = nullptr;    // this process's mapping of the pinned pool
+char* g_arena[kMaxDevices];  // this process's mappings of the arenas
+void* g_modules[kMaxModules];
+orDeviceKernelFn g_functions[kMaxFunctions];
+
+void futex_wait(const void* word, uint32_t expected, long timeout_ms) {
+  timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake(const void* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull +
+         static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// The user process's address -> this process's, or nullptr.
+void* translate_address(uint64_t addr) {
+  for (int d = 0; d < g_control->device_count; ++d) {
+    const uint64_t base = g_control->arena_base[d];
+    if (addr >= base && addr < base + g_control->arena_capacity) {
+      return g_arena[d] + (addr - base);
+    }
+  }
+  const uint64_t pinned = g_control->pinned_base;
+  if (addr >= pinned && addr < pinned + g_control->pinned_capacity) {
+    return g_pinned + (addr - pinned);
+  }
+  return nullptr;
+}
+
+void* translate(orKernelContext*, const void* device_ptr) {
+  return translate_address(reinterpret_cast<uint64_t>(device_ptr));
+}
+
+struct CallState {
+  bool reported = false;
+  char message[kMessageBytes];
+};
+
+void report_error(orKernelContext* ctx, const char* message) {
+  auto* call = static_cast<CallState*>(ctx->driver_data);
+  if (!call->reported) {
+    call->reported = true;
+    std::snprintf(call->message, sizeof(call->message), "%s",
+                  message != nullptr ? message : "");
+  }
+}
+
+void record_error(Ring& ring, orError_t code, const char* message,
+                  int function = -1, int status = 0) {
+  uint32_t expected = 0;
+  if (!ring.error_state.compare_exchange_strong(expected, 1)) {
+    return;  // the first failure is kept
+  }
+  ring.error_code = code;
+  ring.error_function = function;
+  ring.error_status = status;
+  std::snprintf(ring.error_message, sizeof(ring.error_message), "%s", message);
+  ring.error_state.store(2, std::memory_order_release);
+}
+
+void run_command(Ring& ring, const Slot& slot) {
+  const SlotHeader& h = slot.h;
+  switch (h.command) {
+    case kLaunch: {
+      orDeviceKernelFn fn =
+          h.function < kMaxFunctions ? g_functions[h.function] : nullptr;
+      if (fn == nullptr) {
+        record_error(ring, orErrorInvalidValue, "unknown function id");
+        return;
+      }
+      CallState call;
+      orKernelContext ctx{};
+      ctx.version = OR_KERNEL_CONTEXT_VERSION;
+      ctx.device = g_control->device;
+      ctx.translate = &translate;
+      ctx.report_error = &report_error;
+      ctx.driver_data = &call;
+      ring.running.store(h.function + 1, std::memory_order_relaxed);
+      const int status = fn(slot.params, h.bytes, &ctx);
+      ring.running.store(0, std::memory_order_relaxed);
+      if (status != 0) {
+        record_error(ring, orErrorLaunchFailure,
+                     call.reported ? call.message : "",
+                     static_cast<int>(h.function), status);
+      }
+      return;
+    }
+    case kCopy: {
+      void* dst = translate_address(h.a);
+      void* src = translate_address(h.b);
+      if (dst == nullptr || src == nullptr) {
+        record_error(ring, orErrorInvalidValue, "copy outside device memory");
+        return;
+      }
+      std::memmove(dst, src, h.c);
+      return;
+    }
+    case kMemset: {
+      void* dst = translate_address(h.a);
+      if (dst == nullptr) {
+        record_error(ring, orErrorInvalidValue, "memset outside device memory");
+        return;
+      }
+      std::memset(dst, static_cast<int>(h.b), h.c);
+      return;
+    }
+    case kEventRecord: {
+      EventSlot& e = g_events->slots[h.a];
+      e.timestamp_ns = now_ns();
+      // Records of one event on several streams may finish out of order:
+      // the slot keeps the latest generation.
+      uint64_t seen = e.completed.load(std::memory_order_relaxed);
+      while (seen < h.b && !e.completed.compare_exchange_weak(
+                               seen, h.b, std::memory_order_seq_cst)) {
+      }
+      if (e.waiters.load(std::memory_order_seq_cst) != 0) {
+        futex_wake(&e.completed);
+      }
+      return;
+    }
+    case kEventWait: {
+      EventSlot& e = g_events->slots[h.a];
+      while (e.completed.load(std::memory_order_acquire) < h.b) {
+        e.waiters.fetch_add(1, std::memory_order_seq_cst);
+        const uint64_t seen = e.completed.load(std::memory_order_seq_cst);
+        if (seen < h.b) {
+          futex_wait(&e.completed, static_cast<uint32_t>(seen), 100);
+        }
+        e.waiters.fetch_sub(1, std::memory_order_seq_cst);
+      }
+      return;
+    }
+    default:
+      record_error(ring, orErrorInvalidValue, "unknown command");
+  }
+}
+
+struct Worker {
+  std::thread thread;
+  std::atomic<bool> stop{false};
+};
+Worker g_workers[kMaxStreams];
+
+// A stream's worker: commands in ring order. Idle, it spins briefly, then
+// announces it sleeps and futex-waits on the ring's tail.
+void run_worker(int index) {
+  Ring& ring = g_control->rings[index];
+  Worker& self = g_workers[index];
+  uint64_t head = ring.completed.load(std::memory_order_acquire);
+  for (;;) {
+    uint64_t tail = ring.tail.load(std::memory_order_acquire);
+    if (head == tail) {
+      for (int i = 0; i < 2000 && head == tail; ++i) {
+        if (i > 100) {
+          std::this_thread::yield();
+        }
+        tail = ring.tail.load(std::memory_order_acquire);
+      }
+    }
+    if (head == tail) {
+      if (self.stop.load(std::memory_order_acquire)) {
+        return;
+      }
+      ring.worker_sleeping.store(1, std::memory_order_seq_cst);
+      tail = ring.tail.load(std::memory_order_seq_cst);
+      if (head == tail) {
+        futex_wait(&ring.tail, static_cast<uint32_t>(tail), 100);
+      }
+      ring.worker_sleeping.store(0, std::memory_order_relaxed);
+      continue;
+    }
+    run_command(ring, ring.slots[head % kRingSlots]);
+    ++head;
+    ring.completed.store(head, std::memory_order_seq_cst);
+    if (ring.host_waiting.load(std::memory_order_seq_cst) != 0) {
+      futex_wake(&ring.completed);
+    }
+  }
+}
+
+void answer(orError_t status, const char* why) {
+  g_control->status = status;
+  std::snprintf(g_control->answer, sizeof(g_control->answer), "%s",
+                why != nullptr ? why : "");
+}
+
+void serve(uint32_t request) {
+  const int a0 = g_control->arg0;
+  const int a1 = g_control->arg1;
+  switch (request) {
+    case kLoadModule: {
+      void* handle = dlopen(g_control->text, RTLD_NOW | RTLD_LOCAL);
+      if (handle == nullptr || a0 < 0 || a0 >= kMaxModules) {
+        answer(orErrorFileNotFound, dlerror());
+        return;
+      }
+      g_modules[a0] = handle;
+      answer(orSuccess, nullptr);
+      return;
+    }
+    case kGetFunction: {
+      void* sym = a0 >= 0 && a0 < kMaxModules && g_modules[a0] != nullptr
+                      ? dlsym(g_modules[a0], g_control->text)
+                      : nullptr;
+      if (sym == nullptr || a1 < 0 || a1 >= kMaxFunctions) {
+        answer(orErrorSymbolNotFound, "no such kernel");
+        return;
+      }
+      g_functions[a1] = reinterpret_cast<orDeviceKernelFn>(sym);
+      answer(orSuccess, nullptr);
+      return;
+    }
+    case kUnloadModule:
+      if (a0 >= 0 && a0 < kMaxModules && g_modules[a0] != nullptr) {
+        dlclose(g_modules[a0]);
+        g_modules[a0] = nullptr;
+      }
+      answer(orSuccess, nullptr);
+      return;
+    case kStartStream:
+      if (a0 < 0 || a0 >= kMaxStreams || g_workers[a0].thread.joinable()) {
+        answer(orErrorInvalidValue, "bad stream");
+        return;
+      }
+      g_workers[a0].stop.store(false);
+      g_workers[a0].thread = std::thread(run_worker, a0);
+      answer(orSuccess, nullptr);
+      return;
+    case kStopStream:
+      if (a0 < 0 || a0 >= kMaxStreams || !g_workers[a0].thread.joinable()) {
+        answer(orErrorInvalidValue, "bad stream");
+        return;
+      }
+      g_workers[a0].stop.store(true, std::memory_order_release);
+      futex_wake(&g_control->rings[a0].tail);
+      g_workers[a0].thread.join();
+      answer(orSuccess, nullptr);
+      return;
+    default:
+      answer(orErrorInvalidValue, "unknown request");
+  }
+}
+
+void* map_fd(int fd, size_t bytes, const char* what) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_NORESERVE, fd, 0);
+  if (p == MAP_FAILED) {
+    std::fprintf(stderr, "openreg-device: mmap of the %s failed: %s\n", what,
+                 std::strerror(errno));
+    std::exit(3);
+  }
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Usage: openreg-device PARENT_PID (the files are at the fixed fds).
+  if (argc != 2) {
+    std::fprintf(stderr,
+                 "openreg-device is started by the openreg runtime "
+                 "(OPENREG_DRIVER=process), not by hand\n");
+    return 2;
+  }
+  // End with the user's process, however it ends; if it is already gone,
+  // the signal was missed: end now.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != std::atoi(argv[1])) {
+    return 1;
+  }
+  g_control = static_cast<Control*>(
+      map_fd(kControlFd, sizeof(Control), "control block"));
+  if (g_control->magic != kMagic) {
+    std::fprintf(stderr, "openreg-device: bad control block\n");
+    return 3;
+  }
+  char name[16];
+  std::snprintf(name, sizeof(name), "openreg-dev%d", g_control->device);
+  prctl(PR_SET_NAME, name);
+  g_events = static_cast<Events*>(map_fd(kEventsFd, sizeof(Events), "events"));
+  g_pinned = static_cast<char*>(
+      map_fd(kPinnedFd, g_control->pinned_capacity, "pinned pool"));
+  for (int d = 0; d < g_control->device_count; ++d) {
+    g_arena[d] = static_cast<char*>(
+        map_fd(kFirstArenaFd + d, g_control->arena_capacity, "arena"));
+  }
+  // The default stream's worker (ring 0) runs from the start.
+  g_workers[0].thread = std::thread(run_worker, 0);
+  g_control->ready.store(1, std::memory_order_release);
+  futex_wake(&g_control->ready);
+  uint32_t served = g_control->response_seq.load(std::memory_order_acquire);
+  for (;;) {
+    const uint32_t seq = g_control->request_seq.load(std::memory_order_acquire);
+    if (seq == served) {
+      futex_wait(&g_control->request_seq, seq, 1000);
+      continue;
+    }
+    serve(g_control->request);
+    served = seq;
+    g_control->response_seq.store(seq, std::memory_order_release);
+    futex_wake(&g_control->response_seq);
+  }
+}

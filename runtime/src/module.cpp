@@ -1,0 +1,195 @@
+// Named kernels: kernel libraries (modules), their functions, and launches
+// with byte parameters (openreg.h, "Named kernels").
+//
+// The thread driver runs a kernel on the stream's worker thread of this
+// process, so a module is the library loaded here with dlopen and a
+// function its symbol. What the kernel sees of the device comes through the
+// orKernelContext the worker builds for each call: translate() maps device
+// addresses to the arena's read-write kernel view, report_error() keeps the
+// failure's message for orStreamGetErrorMessage.
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "runtime_internal.h"
+
+using namespace openreg_rt;
+
+namespace {
+
+// The worker's per-call state behind orKernelContext::driver_data.
+struct KernelCall {
+  orStream* stream = nullptr;
+  std::string message;  // first report_error of this call
+  bool reported = false;
+};
+
+void* translate(orKernelContext* ctx, const void* device_ptr) {
+  (void)ctx;
+  DeviceRange range;
+  if (find_device_range(device_ptr, &range)) {
+    return range_is_valid(range, device_ptr, 1) ? kernel_ptr(range, device_ptr)
+                                                : nullptr;
+  }
+  // Pinned host memory is reachable by the device as it is.
+  return host_range_is_pinned(device_ptr, 1) ? const_cast<void*>(device_ptr)
+                                             : nullptr;
+}
+
+void report_error(orKernelContext* ctx, const char* message) {
+  auto* call = static_cast<KernelCall*>(ctx->driver_data);
+  if (!call->reported) {
+    call->reported = true;
+    call->message = message != nullptr ? message : "";
+  }
+}
+
+}  // namespace
+
+void orStream::run_function(Task& task) {
+  KernelCall call;
+  call.stream = this;
+  orKernelContext ctx{};
+  ctx.version = OR_KERNEL_CONTEXT_VERSION;
+  ctx.device = dev_->index;
+  ctx.translate = &translate;
+  ctx.report_error = &report_error;
+  ctx.driver_data = &call;
+  const int status = task.function->fn(task.params.get(), task.bytes, &ctx);
+  task.params.reset();
+  if (status != 0) {
+    std::string message = call.reported ? call.message
+                                        : "kernel '" + task.function->name +
+                                              "' failed (returned " +
+                                              std::to_string(status) + ")";
+    record_error(orErrorLaunchFailure, message.c_str());
+  }
+}
+
+extern "C" {
+
+orError_t orModuleLoad(orModule_t* module, const char* path) {
+  if (module == nullptr) {
+    return orErrorInvalidValue;
+  }
+  *module = nullptr;
+  if (path == nullptr || *path == '\0') {
+    return orErrorInvalidValue;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  if (process_driver()) {
+    // Loaded by every device process, not here.
+    auto m = std::make_unique<orModule_st>();
+    m->path = path;
+    OR_RETURN_IF_ERROR(proc::module_load(m.get(), path));
+    *module = m.release();
+    return orSuccess;
+  }
+  // RTLD_LOCAL: two kernel libraries may define the same names.
+  void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    return orErrorFileNotFound;
+  }
+  auto* m = new orModule_st();
+  m->handle = handle;
+  m->path = path;
+  *module = m;
+  return orSuccess;
+}
+
+orError_t orModuleUnload(orModule_t module) {
+  if (module == nullptr) {
+    return orErrorInvalidResourceHandle;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  if (process_driver()) {
+    proc::module_unload(module);
+    delete module;
+    return orSuccess;
+  }
+  dlclose(module->handle);
+  delete module;
+  return orSuccess;
+}
+
+orError_t orModuleGetFunction(orFunction_t* function, orModule_t module,
+                              const char* name) {
+  if (function == nullptr) {
+    return orErrorInvalidValue;
+  }
+  *function = nullptr;
+  if (name == nullptr || *name == '\0') {
+    return orErrorInvalidValue;
+  }
+  if (module == nullptr) {
+    return orErrorInvalidResourceHandle;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  std::lock_guard<std::mutex> lock(module->mu);
+  auto it = module->functions.find(name);
+  if (it == module->functions.end() && process_driver()) {
+    auto fn = std::make_unique<orFunction_st>();
+    fn->module = module;
+    fn->name = name;
+    OR_RETURN_IF_ERROR(proc::function_get(module, name, fn.get()));
+    it = module->functions.emplace(name, std::move(fn)).first;
+  }
+  if (it == module->functions.end()) {
+    void* symbol = dlsym(module->handle, name);
+    if (symbol == nullptr) {
+      return orErrorSymbolNotFound;
+    }
+    auto fn = std::make_unique<orFunction_st>();
+    fn->module = module;
+    fn->fn = reinterpret_cast<orDeviceKernelFn>(symbol);
+    fn->name = name;
+    it = module->functions.emplace(name, std::move(fn)).first;
+  }
+  *function = it->second.get();
+  return orSuccess;
+}
+
+orError_t orLaunchFunction(orStream_t stream, orFunction_t function,
+                           const void* params, size_t bytes,
+                           const orLaunchAttributes* attributes) {
+  const orLaunchAttributes defaults{};
+  const orLaunchAttributes& attrs =
+      attributes != nullptr ? *attributes : defaults;
+  if (function == nullptr || (params == nullptr && bytes != 0) ||
+      bytes > OR_MAX_KERNEL_PARAMS || attrs.hostThreads < 0) {
+    return orErrorInvalidValue;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  if (stream == nullptr) {
+    stream = device_at(current_device())->default_stream;
+  }
+  OR_RETURN_IF_ERROR(check_not_lost(stream->device()));
+  if (stream->proc_ring_ >= 0) {
+    return proc::launch(stream, function, params, bytes);
+  }
+  std::unique_ptr<char[]> copy;
+  if (bytes != 0) {
+    copy.reset(new char[bytes]);
+    std::memcpy(copy.get(), params, bytes);
+  }
+  stream->enqueue_function(function, std::move(copy), bytes, attrs.hostThreads);
+  return orSuccess;
+}
+
+orError_t orStreamGetErrorMessage(orStream_t stream, char* message,
+                                  size_t size) {
+  if (message == nullptr && size != 0) {
+    return orErrorInvalidValue;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  if (stream == nullptr) {
+    stream = device_at(current_device())->default_stream;
+  }
+  if (size != 0) {
+    std::snprintf(message, size, "%s", stream->last_error_message().c_str());
+  }
+  return orSuccess;
+}
+
+}  // extern "C"

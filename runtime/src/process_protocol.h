@@ -1,0 +1,129 @@
+// The shared-memory protocol between the process driver (process_driver.cpp,
+// in the user's process) and a device process (device_main.cpp,
+// openreg-device). Both sides include this file; nothing else does.
+//
+// Per device, one control file (a memfd) holds a Control block: the device's
+// configuration, a request/response channel for rare operations (load a
+// module, look up a function, start or stop a stream's worker) and
+// kMaxStreams command rings. One events file, shared by every device
+// process, holds the event slots. The arenas and the pinned pool are
+// memfds mapped by every device process. All addresses in commands are the
+// user process's: the device translates them with the bases in Control.
+//
+// A ring is single-producer (the host, under the stream's mutex) and
+// single-consumer (the stream's worker in the device process). `tail` counts
+// published commands, `completed` finished ones; each is waited on with a
+// futex on its low 32 bits (little-endian), and woken only when the other
+// side says it sleeps (worker_sleeping, host_waiting).
+#pragma once
+
+#include <openreg.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace openreg_proc {
+
+constexpr uint32_t kMagic = 0x6f726770;  // "orgp"
+constexpr int kMaxDevices = 16;
+constexpr int kMaxStreams = 64;  // per device, the default stream included
+constexpr uint32_t kRingSlots = 64;
+constexpr int kMaxModules = 256;
+constexpr int kMaxFunctions = 4096;
+constexpr int kMaxEvents = 1 << 16;
+constexpr size_t kMessageBytes = 1024;
+
+// File descriptor numbers in the device process (posix_spawn dup2s them;
+// every other descriptor but 0, 1 and 2 is closed).
+constexpr int kControlFd = 3;
+constexpr int kEventsFd = 4;
+constexpr int kPinnedFd = 5;
+constexpr int kFirstArenaFd = 6;  // + device ordinal
+
+enum Command : uint32_t {
+  kLaunch = 1,       // function, params[bytes]
+  kCopy = 2,         // a = dst, b = src, c = bytes
+  kMemset = 3,       // a = dst, b = value, c = bytes
+  kEventRecord = 4,  // a = event slot, b = generation
+  kEventWait = 5,    // a = event slot, b = generation
+};
+
+struct SlotHeader {
+  uint32_t command;
+  uint32_t function;  // kLaunch: function id
+  uint64_t bytes;     // kLaunch: parameter bytes
+  uint64_t a, b, c;
+};
+
+struct Slot {
+  SlotHeader h;
+  char params[OR_MAX_KERNEL_PARAMS];
+};
+
+struct alignas(64) Ring {
+  alignas(64) std::atomic<uint64_t> tail{0};       // host writes
+  std::atomic<uint32_t> worker_sleeping{0};        // device writes
+  alignas(64) std::atomic<uint64_t> completed{0};  // device writes
+  std::atomic<uint32_t> host_waiting{0};           // host writes
+  // Function id + 1 of the kernel running now (0: none), for the reason
+  // of a lost device.
+  std::atomic<uint32_t> running{0};
+  // The first failure since the host last read it: the worker moves
+  // error_state 0 -> 1, writes code and message, then 1 -> 2; the host
+  // reads at 2 and stores 0.
+  alignas(64) std::atomic<uint32_t> error_state{0};
+  int32_t error_code = 0;
+  // A kernel that failed without a message: its id and return value (the
+  // host names it).
+  int32_t error_function = -1;
+  int32_t error_status = 0;
+  char error_message[kMessageBytes];
+  Slot slots[kRingSlots];
+};
+
+enum Request : uint32_t {
+  kLoadModule = 1,    // arg0 = module id, text = path
+  kGetFunction = 2,   // arg0 = module id, arg1 = function id, text = name
+  kUnloadModule = 3,  // arg0 = module id
+  kStartStream = 4,   // arg0 = ring
+  kStopStream = 5,    // arg0 = ring (its commands have completed)
+};
+
+struct Control {
+  uint32_t magic;
+  int32_t device;
+  int32_t device_count;
+  int32_t parent_pid;
+  uint64_t arena_base[kMaxDevices];  // the user process's device views
+  uint64_t arena_capacity;
+  uint64_t pinned_base;  // the user process's pinned pool
+  uint64_t pinned_capacity;
+  std::atomic<uint32_t> ready;  // the device process sets it to 1
+
+  // Requests: one at a time (the host serializes them). The host writes the
+  // request, then increments request_seq; the device answers, then sets
+  // response_seq to the same value.
+  alignas(64) std::atomic<uint32_t> request_seq;
+  alignas(64) std::atomic<uint32_t> response_seq;
+  uint32_t request;
+  int32_t arg0;
+  int32_t arg1;
+  int32_t status;  // orError_t of the answer
+  char text[4096];
+  char answer[kMessageBytes];  // why a request failed (dlerror)
+
+  Ring rings[kMaxStreams];
+};
+
+struct alignas(64) EventSlot {
+  std::atomic<uint64_t> completed;  // generation of the latest finished record
+  uint64_t timestamp_ns;            // CLOCK_MONOTONIC at that record
+  std::atomic<uint32_t> waiters;    // threads futex-waiting on `completed`
+};
+
+struct Events {
+  EventSlot slots[kMaxEvents];
+};
+
+}  // namespace openreg_proc

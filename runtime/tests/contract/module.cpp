@@ -1,0 +1,430 @@
+// Contract: named kernels (modules, functions, launches with byte
+// parameters). The kernels are those of tests/kernels/test_kernels.cpp,
+// loaded from OPENREG_TEST_KERNELS (default: the build's library).
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/test_kernels.h"
+#include "test_util.h"
+
+namespace openreg_test {
+namespace {
+
+const char* KernelsPath() {
+  const char* env = std::getenv("OPENREG_TEST_KERNELS");
+  return env != nullptr ? env : OPENREG_TEST_KERNELS_DEFAULT;
+}
+
+class ModuleTest : public RuntimeTest {
+ protected:
+  void SetUp() override {
+    RuntimeTest::SetUp();
+    ASSERT_EQ(orSuccess, orModuleLoad(&module_, KernelsPath()))
+        << "test kernel library " << KernelsPath();
+  }
+  void TearDown() override {
+    if (module_ != nullptr) {
+      EXPECT_EQ(orSuccess, orModuleUnload(module_));
+    }
+    RuntimeTest::TearDown();
+  }
+  orFunction_t Function(const char* name) {
+    orFunction_t fn = nullptr;
+    EXPECT_EQ(orSuccess, orModuleGetFunction(&fn, module_, name)) << name;
+    return fn;
+  }
+
+ public:
+  template <typename P>
+  orError_t Launch(orStream_t stream, const char* name, const P& params) {
+    return orLaunchFunction(stream, Function(name), &params, sizeof(params),
+                            nullptr);
+  }
+
+  orModule_t module_ = nullptr;
+};
+
+// Pinned words the gate kernel and probes use (host memory the device
+// reaches directly).
+class PinnedWords {
+ public:
+  explicit PinnedWords(size_t n) {
+    EXPECT_EQ(orSuccess, orMallocHost(&ptr_, n * sizeof(uint32_t)));
+    std::memset(ptr_, 0, n * sizeof(uint32_t));
+  }
+  ~PinnedWords() { EXPECT_EQ(orSuccess, orFreeHost(ptr_)); }
+  PinnedWords(const PinnedWords&) = delete;
+  PinnedWords& operator=(const PinnedWords&) = delete;
+  volatile uint32_t& operator[](size_t i) {
+    return static_cast<volatile uint32_t*>(ptr_)[i];
+  }
+  uint64_t address(size_t i) {
+    return reinterpret_cast<uint64_t>(static_cast<uint32_t*>(ptr_) + i);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+TEST_F(ModuleTest, LoadRejectsBadArguments) {
+  orModule_t m = reinterpret_cast<orModule_t>(0x1);
+  EXPECT_EQ(orErrorInvalidValue, orModuleLoad(nullptr, KernelsPath()));
+  EXPECT_EQ(orErrorInvalidValue, orModuleLoad(&m, nullptr));
+  EXPECT_EQ(nullptr, m);
+  EXPECT_EQ(orErrorInvalidValue, orModuleLoad(&m, ""));
+  EXPECT_EQ(orErrorFileNotFound,
+            orModuleLoad(&m, "/nonexistent/libopenreg_no_kernels.so"));
+  EXPECT_EQ(nullptr, m);
+  // A file that is not a shared object.
+  EXPECT_EQ(orErrorFileNotFound, orModuleLoad(&m, "/proc/self/status"));
+  EXPECT_EQ(orErrorInvalidResourceHandle, orModuleUnload(nullptr));
+}
+
+TEST_F(ModuleTest, GetFunctionFindsKernelsByName) {
+  orFunction_t fn = reinterpret_cast<orFunction_t>(0x1);
+  EXPECT_EQ(orErrorSymbolNotFound,
+            orModuleGetFunction(&fn, module_, "or_test_no_such_kernel"));
+  EXPECT_EQ(nullptr, fn);
+  EXPECT_EQ(orErrorInvalidValue, orModuleGetFunction(nullptr, module_, "x"));
+  EXPECT_EQ(orErrorInvalidValue, orModuleGetFunction(&fn, module_, nullptr));
+  EXPECT_EQ(orErrorInvalidResourceHandle,
+            orModuleGetFunction(&fn, nullptr, "or_test_fill_u32"));
+  orFunction_t a = nullptr;
+  orFunction_t b = nullptr;
+  OR_ASSERT_OK(orModuleGetFunction(&a, module_, "or_test_fill_u32"));
+  OR_ASSERT_OK(orModuleGetFunction(&b, module_, "or_test_fill_u32"));
+  EXPECT_NE(nullptr, a);
+  EXPECT_EQ(a, b);
+}
+
+TEST_F(ModuleTest, LaunchRunsTheKernelOnDeviceMemory) {
+  constexpr size_t kCount = 1000;
+  DeviceBuffer buf(kCount * sizeof(uint32_t));
+  OrTestFill fill{reinterpret_cast<uint64_t>(buf.get()), kCount, 0xabcd1234u,
+                  0};
+  OR_ASSERT_OK(Launch(nullptr, "or_test_fill_u32", fill));
+  std::vector<uint32_t> host(kCount, 0);
+  OR_ASSERT_OK(orMemcpy(host.data(), buf.get(), kCount * sizeof(uint32_t),
+                        orMemcpyDeviceToHost));
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_EQ(0xabcd1234u, host[i]) << i;
+  }
+}
+
+TEST_F(ModuleTest, ParametersAreCopiedAtTheLaunch) {
+  // The first launch waits behind a gate while the caller overwrites and
+  // reuses its parameter buffer: the kernels see what each launch was given.
+  PinnedWords gate(2);
+  StreamHandle stream;
+  DeviceBuffer buf(4 * sizeof(uint32_t));
+  OrTestGate g{gate.address(0), gate.address(1)};
+  OR_ASSERT_OK(Launch(stream.get(), "or_test_gate", g));
+  OrTestFill p{reinterpret_cast<uint64_t>(buf.get()), 4, 1, 0};
+  OR_ASSERT_OK(Launch(stream.get(), "or_test_fill_u32", p));
+  p.value = 5;
+  OR_ASSERT_OK(Launch(stream.get(), "or_test_scale_add_u32", p));
+  p.value = 99;  // after both launches: seen by neither
+  std::memset(&g, 0, sizeof(g));
+  gate[1] = 1;
+  OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+  uint32_t host[4] = {};
+  OR_ASSERT_OK(orMemcpy(host, buf.get(), sizeof(host), orMemcpyDeviceToHost));
+  for (uint32_t v : host) {
+    EXPECT_EQ(1u * 2 + 5, v);  // fill(1), then *2 + 5, in stream order
+  }
+}
+
+TEST_F(ModuleTest, QueryAndSynchronizeSeeARunningKernel) {
+  PinnedWords gate(2);
+  StreamHandle stream;
+  OrTestGate g{gate.address(0), gate.address(1)};
+  OR_ASSERT_OK(Launch(stream.get(), "or_test_gate", g));
+  while (gate[0] == 0) {
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(orErrorNotReady, orStreamQuery(stream.get()));
+  gate[1] = 1;
+  OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+  OR_EXPECT_OK(orStreamQuery(stream.get()));
+}
+
+TEST_F(ModuleTest, KernelSeesItsDeviceAndWhatIsDeviceMemory) {
+  PinnedWords result(1);
+  DeviceBuffer buf(64);
+  int host_value = 0;
+  const uint64_t probes[] = {reinterpret_cast<uint64_t>(buf.get()),
+                             reinterpret_cast<uint64_t>(buf.bytes() + 60),
+                             reinterpret_cast<uint64_t>(&host_value)};
+  const uint32_t reachable[] = {1, 1, 0};
+  for (int i = 0; i < 3; ++i) {
+    OrTestProbe p{probes[i], result.address(0)};
+    OR_ASSERT_OK(Launch(nullptr, "or_test_probe", p));
+    OR_ASSERT_OK(orDeviceSynchronize());
+    EXPECT_EQ(reachable[i], result[0] & 1u) << "probe " << i;
+    EXPECT_EQ(0u, result[0] >> 8);
+  }
+}
+
+TEST_F(ModuleTest, KernelRunsOnTheStreamsDevice) {
+  OR_REQUIRE_DEVICES(2);
+  PinnedWords result(1);
+  OR_ASSERT_OK(orSetDevice(1));
+  DeviceBuffer buf(64);
+  orStream_t dflt = nullptr;
+  OR_ASSERT_OK(orDeviceGetDefaultStream(1, &dflt));
+  OR_ASSERT_OK(orSetDevice(0));
+  OrTestProbe p{reinterpret_cast<uint64_t>(buf.get()), result.address(0)};
+  OR_ASSERT_OK(Launch(dflt, "or_test_probe", p));
+  OR_ASSERT_OK(orStreamSynchronize(dflt));
+  EXPECT_EQ(1u | (1u << 8), result[0]);
+}
+
+TEST_F(ModuleTest, FailureIsReportedWithItsMessageAndCleared) {
+  StreamHandle stream;
+  const char text[] = "the kernel refused its input";
+  OR_ASSERT_OK(orLaunchFunction(stream.get(), Function("or_test_fail"), text,
+                                sizeof(text), nullptr));
+  EXPECT_EQ(orErrorLaunchFailure, orStreamSynchronize(stream.get()));
+  char message[128] = "x";
+  OR_ASSERT_OK(orStreamGetErrorMessage(stream.get(), message, sizeof(message)));
+  EXPECT_STREQ(text, message);
+  // Truncated to the buffer, always terminated.
+  char small[8];
+  OR_ASSERT_OK(orStreamGetErrorMessage(stream.get(), small, sizeof(small)));
+  EXPECT_EQ(std::string(text, 7), small);
+  // Reported once; the stream keeps working.
+  OR_EXPECT_OK(orStreamSynchronize(stream.get()));
+  OR_ASSERT_OK(orStreamGetErrorMessage(stream.get(), message, sizeof(message)));
+  EXPECT_STREQ("", message);
+  // Without a message, the driver names the kernel.
+  OR_ASSERT_OK(orLaunchFunction(stream.get(), Function("or_test_fail"), nullptr,
+                                0, nullptr));
+  EXPECT_EQ(orErrorLaunchFailure, orStreamSynchronize(stream.get()));
+  OR_ASSERT_OK(orStreamGetErrorMessage(stream.get(), message, sizeof(message)));
+  EXPECT_NE(nullptr, std::strstr(message, "or_test_fail")) << message;
+  EXPECT_EQ(orErrorInvalidValue,
+            orStreamGetErrorMessage(stream.get(), nullptr, 4));
+}
+
+TEST_F(ModuleTest, LaunchRejectsBadArguments) {
+  orFunction_t fn = Function("or_test_fill_u32");
+  char params[16] = {};
+  EXPECT_EQ(orErrorInvalidValue, orLaunchFunction(nullptr, nullptr, params,
+                                                  sizeof(params), nullptr));
+  EXPECT_EQ(orErrorInvalidValue,
+            orLaunchFunction(nullptr, fn, nullptr, 16, nullptr));
+  std::vector<char> big(OR_MAX_KERNEL_PARAMS + 1);
+  EXPECT_EQ(orErrorInvalidValue,
+            orLaunchFunction(nullptr, fn, big.data(), big.size(), nullptr));
+  orLaunchAttributes bad{};
+  bad.hostThreads = -1;
+  EXPECT_EQ(orErrorInvalidValue,
+            orLaunchFunction(nullptr, fn, params, sizeof(params), &bad));
+}
+
+TEST_F(ModuleTest, LargestParameterBlockArrives) {
+  // OR_MAX_KERNEL_PARAMS bytes: a header, then data the kernel hashes.
+  PinnedWords result(2);  // one uint64
+  std::vector<unsigned char> params(OR_MAX_KERNEL_PARAMS);
+  OrTestChecksumHeader h{result.address(0)};
+  std::memcpy(params.data(), &h, sizeof(h));
+  for (size_t i = sizeof(h); i < params.size(); ++i) {
+    params[i] = static_cast<unsigned char>(i * 131 + 7);
+  }
+  OR_ASSERT_OK(orLaunchFunction(nullptr, Function("or_test_checksum"),
+                                params.data(), params.size(), nullptr));
+  OR_ASSERT_OK(orDeviceSynchronize());
+  uint64_t got = 0;
+  std::memcpy(&got, const_cast<uint32_t*>(&result[0]), sizeof(got));
+  EXPECT_EQ(or_test_fnv1a(params.data() + sizeof(h), params.size() - sizeof(h)),
+            got);
+}
+
+// Streams and events with named kernels: what every driver must do,
+// including one whose kernels cannot be host functions.
+
+// A gate kernel launched on a stream, opened by the test (or at scope end).
+class GateLaunch {
+ public:
+  GateLaunch(ModuleTest* test, orStream_t stream) : words_(2), stream_(stream) {
+    OrTestGate g{words_.address(0), words_.address(1)};
+    EXPECT_EQ(orSuccess, test->Launch(stream, "or_test_gate", g));
+  }
+  // Opens the gate and waits for the kernel to leave it before its words
+  // are freed.
+  ~GateLaunch() {
+    Open();
+    EXPECT_EQ(orSuccess, orStreamSynchronize(stream_));
+  }
+  GateLaunch(const GateLaunch&) = delete;
+  GateLaunch& operator=(const GateLaunch&) = delete;
+  void WaitEntered() {
+    while (words_[0] == 0) {
+      std::this_thread::yield();
+    }
+  }
+  void Open() { words_[1] = 1; }
+
+ private:
+  PinnedWords words_;
+  orStream_t stream_;
+};
+
+std::vector<uint32_t> ReadBack(const DeviceBuffer& buf, size_t count) {
+  std::vector<uint32_t> host(count, 0);
+  EXPECT_EQ(orSuccess,
+            orMemcpy(host.data(), buf.get(), count * sizeof(uint32_t),
+                     orMemcpyDeviceToHost));
+  return host;
+}
+
+TEST_F(ModuleTest, EventCompletesWithTheWorkBeforeIt) {
+  StreamHandle stream;
+  EventHandle event;
+  GateLaunch gate(this, stream.get());
+  OR_ASSERT_OK(orEventRecord(event.get(), stream.get()));
+  gate.WaitEntered();
+  EXPECT_EQ(orErrorNotReady, orEventQuery(event.get()));
+  EXPECT_EQ(orErrorNotReady, orStreamQuery(stream.get()));
+  gate.Open();
+  OR_ASSERT_OK(orEventSynchronize(event.get()));
+  OR_EXPECT_OK(orEventQuery(event.get()));
+  OR_EXPECT_OK(orStreamSynchronize(stream.get()));
+}
+
+TEST_F(ModuleTest, StreamWaitEventOrdersKernelsAcrossStreams) {
+  StreamHandle first;
+  StreamHandle second;
+  EventHandle event;
+  DeviceBuffer buf(16 * sizeof(uint32_t));
+  OrTestFill p{reinterpret_cast<uint64_t>(buf.get()), 16, 1, 0};
+  GateLaunch gate(this, first.get());
+  OR_ASSERT_OK(Launch(first.get(), "or_test_fill_u32", p));
+  OR_ASSERT_OK(orEventRecord(event.get(), first.get()));
+  OR_ASSERT_OK(orStreamWaitEvent(second.get(), event.get()));
+  p.value = 5;
+  OR_ASSERT_OK(Launch(second.get(), "or_test_scale_add_u32", p));
+  gate.WaitEntered();
+  EXPECT_EQ(orErrorNotReady, orStreamQuery(second.get()));
+  gate.Open();
+  OR_ASSERT_OK(orStreamSynchronize(second.get()));
+  for (uint32_t v : ReadBack(buf, 16)) {
+    EXPECT_EQ(7u, v);  // fill(1) first, then * 2 + 5
+  }
+}
+
+TEST_F(ModuleTest, StreamWaitEventAcrossDevices) {
+  OR_REQUIRE_DEVICES(2);
+  StreamHandle on0;
+  EventHandle event;  // device 0
+  GateLaunch gate(this, on0.get());
+  OR_ASSERT_OK(orEventRecord(event.get(), on0.get()));
+  OR_ASSERT_OK(orSetDevice(1));
+  {
+    StreamHandle on1;
+    DeviceBuffer buf(4 * sizeof(uint32_t));
+    OR_ASSERT_OK(orStreamWaitEvent(on1.get(), event.get()));
+    OrTestFill p{reinterpret_cast<uint64_t>(buf.get()), 4, 3, 0};
+    OR_ASSERT_OK(Launch(on1.get(), "or_test_fill_u32", p));
+    gate.WaitEntered();
+    EXPECT_EQ(orErrorNotReady, orStreamQuery(on1.get()));
+    gate.Open();
+    OR_ASSERT_OK(orStreamSynchronize(on1.get()));
+    for (uint32_t v : ReadBack(buf, 4)) {
+      EXPECT_EQ(3u, v);
+    }
+  }
+  OR_ASSERT_OK(orSetDevice(0));
+}
+
+TEST_F(ModuleTest, ElapsedTimeCoversTheKernelsBetweenTheEvents) {
+  StreamHandle stream;
+  EventHandle start;
+  EventHandle end;
+  OR_ASSERT_OK(orEventRecord(start.get(), stream.get()));
+  {
+    GateLaunch gate(this, stream.get());
+    OR_ASSERT_OK(orEventRecord(end.get(), stream.get()));
+    gate.WaitEntered();
+    float ms = 0;
+    EXPECT_EQ(orErrorNotReady, orEventElapsedTime(&ms, start.get(), end.get()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }  // opens the gate
+  OR_ASSERT_OK(orEventSynchronize(end.get()));
+  float ms = 0;
+  OR_ASSERT_OK(orEventElapsedTime(&ms, start.get(), end.get()));
+  EXPECT_GE(ms, 25.0f);
+  EXPECT_LT(ms, 10000.0f);
+}
+
+TEST_F(ModuleTest, EventDestroyedWithItsRecordStillQueued) {
+  StreamHandle stream;
+  GateLaunch gate(this, stream.get());
+  orEvent_t event = nullptr;
+  OR_ASSERT_OK(orEventCreate(&event));
+  OR_ASSERT_OK(orEventRecord(event, stream.get()));
+  gate.Open();
+  OR_EXPECT_OK(orEventDestroy(event));
+  OR_EXPECT_OK(orStreamSynchronize(stream.get()));
+  // A new event works as usual.
+  EventHandle again;
+  OR_ASSERT_OK(orEventRecord(again.get(), stream.get()));
+  OR_EXPECT_OK(orEventSynchronize(again.get()));
+}
+
+TEST_F(ModuleTest, AsyncCopiesWithPinnedMemoryRunInStreamOrder) {
+  // H2D from pinned memory, a kernel, D2H to pinned memory: all queued
+  // behind a gate, then checked after one synchronization.
+  constexpr size_t kCount = 1 << 16;
+  StreamHandle stream;
+  DeviceBuffer buf(kCount * sizeof(uint32_t));
+  void* in = nullptr;
+  void* out = nullptr;
+  OR_ASSERT_OK(orMallocHost(&in, kCount * sizeof(uint32_t)));
+  OR_ASSERT_OK(orMallocHost(&out, kCount * sizeof(uint32_t)));
+  for (size_t i = 0; i < kCount; ++i) {
+    static_cast<uint32_t*>(in)[i] = static_cast<uint32_t>(i);
+  }
+  {
+    GateLaunch gate(this, stream.get());
+    OR_ASSERT_OK(orMemcpyAsync(buf.get(), in, kCount * sizeof(uint32_t),
+                               orMemcpyHostToDevice, stream.get()));
+    OrTestFill p{reinterpret_cast<uint64_t>(buf.get()), kCount, 1, 0};
+    OR_ASSERT_OK(Launch(stream.get(), "or_test_scale_add_u32", p));
+    OR_ASSERT_OK(orMemcpyAsync(out, buf.get(), kCount * sizeof(uint32_t),
+                               orMemcpyDeviceToHost, stream.get()));
+    gate.WaitEntered();
+    EXPECT_EQ(orErrorNotReady, orStreamQuery(stream.get()));
+  }
+  OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_EQ(static_cast<uint32_t>(i * 2 + 1), static_cast<uint32_t*>(out)[i])
+        << i;
+  }
+  OR_EXPECT_OK(orFreeHost(in));
+  OR_EXPECT_OK(orFreeHost(out));
+}
+
+TEST_F(ModuleTest, PageableCopiesLargerThanAnyStagingBuffer) {
+  // 20 MB each way through pageable host memory, and a memset.
+  constexpr size_t kCount = 5 << 20;
+  DeviceBuffer buf(kCount * sizeof(uint32_t));
+  std::vector<uint32_t> host(kCount);
+  for (size_t i = 0; i < kCount; ++i) {
+    host[i] = static_cast<uint32_t>(i * 2654435761u);
+  }
+  OR_ASSERT_OK(orMemcpy(buf.get(), host.data(), kCount * sizeof(uint32_t),
+                        orMemcpyHostToDevice));
+  OR_ASSERT_OK(orMemset(buf.bytes() + 4, 0, 8));
+  std::vector<uint32_t> back = ReadBack(buf, kCount);
+  host[1] = 0;
+  host[2] = 0;
+  EXPECT_TRUE(back == host);
+}
+
+}  // namespace
+}  // namespace openreg_test

@@ -1,0 +1,36 @@
+// Parameters of the test kernels (test_kernels.cpp): plain structs of
+// fixed-width fields, passed to orLaunchFunction as bytes. Device and pinned
+// addresses travel as uint64.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+struct OrTestFill {  // or_test_fill_u32, or_test_scale_add_u32
+  uint64_t dst;      // device memory, count uint32 values
+  uint64_t count;
+  uint32_t value;
+  uint32_t pad;
+};
+
+struct OrTestProbe {  // or_test_probe
+  uint64_t probe;     // any address
+  uint64_t result;    // pinned host memory, one uint32
+};
+
+struct OrTestChecksumHeader {  // or_test_checksum, followed by the data
+  uint64_t result;             // pinned host memory, one uint64
+};
+
+inline uint64_t or_test_fnv1a(const unsigned char* data, size_t n) {
+  uint64_t hash = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) {
+    hash = (hash ^ data[i]) * 1099511628211ull;
+  }
+  return hash;
+}
+
+struct OrTestGate {  // or_test_gate
+  uint64_t entered;  // pinned host memory, one uint32, set to 1 on entry
+  uint64_t open;     // pinned host memory, one uint32, waited for
+};
