@@ -30,7 +30,7 @@ export OPENREG_BUILD_DIR := $(abspath $(BUILD_DIR))
 
 CPP_SOURCES := $(shell find runtime csrc -name '*.cpp' -o -name '*.h')
 
-.PHONY: all setup build demo test test-runtime test-runtime-asan test-python bench opinfo opinfo-sparse scaffold-check compile-zoo conformance conformance-card fuzz format lint clean
+.PHONY: all setup build demo test test-runtime bench-runtime test-runtime-asan test-python bench opinfo opinfo-sparse scaffold-check compile-zoo conformance conformance-card fuzz format lint clean
 
 all: build
 
@@ -66,6 +66,10 @@ test-python: build
 
 test: test-runtime test-python
 
+# The runtime's launch, round-trip and copy costs, thread vs process driver.
+bench-runtime: test-runtime
+	$(PY) benchmarks/bench_runtime.py
+
 # The runtime gtests under AddressSanitizer and UndefinedBehaviorSanitizer.
 # use_tls=0: gcc 12's LeakSanitizer misreads glibc 2.36's dynamic TLS of a
 # dlopen'ed library (the driver under test) and crashes at exit. Without TLS
@@ -73,10 +77,11 @@ test: test-runtime test-python
 test-runtime-asan:
 	LSAN_OPTIONS=use_tls=0 $(MAKE) test-runtime SANITIZE=address,undefined BUILD_TYPE=Debug
 
-bench: build
+bench: build bench-runtime
 	$(PY) benchmarks/bench.py
 	$(PY) benchmarks/bench_distributed.py
 	$(PY) benchmarks/bench_compile.py
+	$(PY) benchmarks/bench_loops.py
 
 # Every OpInfo of PyTorch's op database, every CPU dtype, forward and
 # gradients, openreg vs CPU (~6 min); report in build/opinfo-report.md.

@@ -224,3 +224,39 @@ def test_set_num_threads_limits_the_device_kernels(py, blocking):
     assert out.returncode == 0, out.stderr
     busy, ok = out.stdout.split()
     assert int(busy) <= 1 and ok == "True"
+
+
+def test_non_blocking_copy_from_pageable_memory_is_staged():
+    # As CUDA's driver: the bytes are staged in pinned memory at the call and
+    # the copy is queued; the host waits neither for the copy nor for the
+    # stream's earlier work. Later changes to the source do not reach it.
+    x = torch.randn(256, 256, device=D)
+    torch.full((64, 64), 0.0).to(D, non_blocking=True)  # first runs learnt here
+    x @ x
+    torch.openreg.synchronize()
+    sources = [torch.full((64, 64), float(i)) for i in range(40)]
+    torch.openreg._reset_launch_stats()
+    y = x @ x  # queued work ahead of the copies
+    copies = []
+    for src in sources:
+        copies.append(src.to(D, non_blocking=True))
+        src.fill_(-1.0)  # the caller reuses its buffer at once
+    stats = torch.openreg._launch_stats()
+    assert stats["host_waits"] == 0, stats
+    for i, c in enumerate(copies):
+        assert torch.equal(c.cpu(), torch.full((64, 64), float(i)))
+    torch.testing.assert_close(y.cpu(), x.cpu() @ x.cpu())
+    # A blocking copy from pageable memory still waits for the stream.
+    torch.openreg._reset_launch_stats()
+    torch.ones(8).to(D)
+    assert torch.openreg._launch_stats()["host_waits"] >= 1
+
+
+def test_non_blocking_staged_copy_keeps_dtype_and_layout_rules():
+    # Copies that are not a plain memcpy (dtype change, non-contiguous) take
+    # the general path; values equal the CPU's.
+    src = torch.arange(24, dtype=torch.float64).view(4, 6)
+    assert torch.equal(src.t().to(D, non_blocking=True).cpu(), src.t())
+    dst = torch.empty(4, 6, dtype=torch.float32, device=D)
+    dst.copy_(src, non_blocking=True)
+    assert torch.equal(dst.cpu(), src.float())

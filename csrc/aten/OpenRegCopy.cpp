@@ -8,6 +8,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <cstring>
+
 #include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
@@ -58,6 +60,38 @@ bool try_async_pinned_copy(const at::Tensor& src, const at::Tensor& dst,
   return true;
 }
 
+// [doc:staged-copy]
+// A non_blocking copy from pageable host memory to the device is staged, as
+// CUDA's driver stages one: the bytes are copied at the call into a pinned
+// block of the host caching allocator, the copy from that block is queued on
+// the stream, and the host returns without waiting for the stream's earlier
+// work (which a blocking copy does wait for). The caller may reuse its
+// source at once; the block is reused only once the copy has run
+// (record_event). Without it, `batch.to(device, non_blocking=True)` from an
+// ordinary CPU tensor would drain the stream at the start of every training
+// step, and the host could never dispatch a step while the device computes
+// the previous one. Larger copies than kMaxStagedBytes keep the waiting
+// path, which needs no second host copy of the data.
+constexpr size_t kMaxStagedBytes = size_t{64} << 20;
+
+bool try_staged_h2d_copy(const at::Tensor& src, const at::Tensor& dst,
+                         c10::DeviceIndex device) {
+  if (is_openreg(src) || !is_openreg(dst) || !can_memcpy(src, dst) ||
+      dst.nbytes() > kMaxStagedBytes || is_pinned_ptr(src.const_data_ptr())) {
+    return false;
+  }
+  const size_t nbytes = dst.nbytes();
+  c10::DataPtr staging = host_allocator()->allocate(nbytes);
+  std::memcpy(staging.get(), src.const_data_ptr(), nbytes);
+  const OpenRegStream stream = getCurrentStream(device);
+  memcpy_on_stream(dst.data_ptr(), staging.get(), nbytes, orMemcpyHostToDevice,
+                   stream);
+  host_allocator()->record_event(staging.get(), staging.get_context(),
+                                 stream.unwrap());
+  return true;  // `staging` returns to the cache, reused after the copy
+}
+// [/doc:staged-copy]
+
 }  // namespace
 
 at::Tensor OpenRegNativeFunctions::_copy_from(const at::Tensor& self,
@@ -91,7 +125,8 @@ at::Tensor OpenRegNativeFunctions::_copy_from(const at::Tensor& self,
     // Cross-device: wait for the source device's producing work too.
     getCurrentStream(self.device().index()).synchronize();
   }
-  if (non_blocking && try_async_pinned_copy(self, dst, device)) {
+  if (non_blocking && (try_async_pinned_copy(self, dst, device) ||
+                       try_staged_h2d_copy(self, dst, device))) {
     return dst;
   }
   if (is_openreg(self) && is_openreg(dst) &&

@@ -33,6 +33,7 @@
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegKernelTask.h"
+#include "core/OpenRegLaunchStats.h"
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
 #include "memory/OpenRegKernelScratch.h"
@@ -256,6 +257,7 @@ void launch_async(c10::DeviceIndex device, const std::string& op,
   // than itself, and retires one that might, when idle (openreg.h).
   orLaunchAttributes attrs{};
   attrs.hostThreads = task->threads;
+  stats::count(stats::kLaunches);
   orError_t err = orLaunchKernelEx(task->stream, &run_task, task, &attrs);
   if (err != orSuccess) {
     give_back_unlaunched(task);

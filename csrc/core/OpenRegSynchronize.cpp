@@ -8,6 +8,7 @@
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegKernelTask.h"
+#include "core/OpenRegLaunchStats.h"
 #include "core/OpenRegStream.h"
 
 namespace openreg {
@@ -125,6 +126,7 @@ void synchronize_stream(orStream_t stream, c10::DeviceIndex device,
     // before the kernel has finished, everything after waits for it.
     return;
   }
+  stats::count(stats::kHostWaits);
   const orError_t err =
       host_wait([stream] { return orStreamSynchronize(stream); });
   reclaim_finished_tasks();
@@ -151,6 +153,7 @@ void synchronize_device(c10::DeviceIndex device) {
     }
   }
   ScopedDevice guard(device);
+  stats::count(stats::kHostWaits);
   const orError_t err = host_wait([] { return orDeviceSynchronize(); });
   reclaim_finished_tasks();
   raise_deferred_warnings(nullptr, device);
@@ -163,6 +166,7 @@ void synchronize_event(orEvent_t event) {
   if (event == nullptr) {
     return;
   }
+  stats::count(stats::kHostWaits);
   OPENREG_CHECK(host_wait([event] { return orEventSynchronize(event); }));
   reclaim_finished_tasks();
   trace_sync("sync_event", reinterpret_cast<int64_t>(event), 0, -1);

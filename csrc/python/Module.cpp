@@ -18,6 +18,7 @@
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
+#include "core/OpenRegLaunchStats.h"
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
 #include "distributed/OpenRegProcessGroup.h"
@@ -343,6 +344,22 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_memory_fraction", &get_memory_fraction, py::arg("device"));
   m.def("_memory_snapshot", &snapshot_to_python);
   m.def("_host_memory_stats", &host_stats);
+  m.def(
+      "_launch_stats",
+      [] {
+        const stats::Snapshot s = stats::snapshot();
+        py::dict out;
+        out["queued"] = s.counters[stats::kQueued];
+        out["synchronous"] = s.counters[stats::kSynchronous];
+        out["learned"] = s.counters[stats::kLearned];
+        out["launches"] = s.counters[stats::kLaunches];
+        out["host_waits"] = s.counters[stats::kHostWaits];
+        out["synchronous_by_op"] = s.synchronous_by_op;
+        out["learned_by_op"] = s.learned_by_op;
+        return out;
+      },
+      "How operators ran since the last reset (core/OpenRegLaunchStats.h).");
+  m.def("_reset_launch_stats", &stats::reset);
   m.def("_kernel_scratch_cached_bytes", &kernel_scratch_cached_bytes,
         "Host bytes the device kernels' workspace cache holds for reuse "
         "(SIMULATOR ONLY; torch.openreg.empty_cache() frees them).");

@@ -86,6 +86,19 @@ def fallback_ops() -> list[str]:
     return list(_C._fallback_ops())
 
 
+def _launch_stats() -> dict:
+    """How operators ran since the last reset: queued on a stream, run
+    synchronously, run synchronously to learn their signature (with the
+    operators of the last two), tasks launched, and host waits. A profiling
+    aid (benchmarks/bench_loops.py --breakdown), not a stable API."""
+    return _C._launch_stats()
+
+
+def _reset_launch_stats() -> None:
+    """Sets every launch statistic back to zero."""
+    _C._reset_launch_stats()
+
+
 def set_fallback_warnings(enabled: bool) -> None:
     """Turns the once-per-operator fallback warning on or off
     (``OPENREG_FALLBACK_WARNINGS=0`` turns it off at start)."""

@@ -47,6 +47,7 @@
 #include "aten/fallback/OpenRegLayouts.h"
 #include "aten/fallback/OpenRegOpTraits.h"
 #include "aten/fallback/OpenRegQueuedCall.h"
+#include "core/OpenRegLaunchStats.h"
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegKernelScratch.h"
 #include "memory/OpenRegMemcpy.h"
@@ -378,9 +379,13 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   note_fallback(op, traits.display_name);
   LaunchDecision decision = plan_launch(traits, *stack);
   if (decision.kind == LaunchDecision::kQueue) {
+    stats::count(stats::kQueued);
     run_queued(op, traits, decision.plan, stack, device);
     return;
   }
+  stats::count_op(decision.kind == LaunchDecision::kLearn ? stats::kLearned
+                                                          : stats::kSynchronous,
+                  traits.display_name.c_str());
   run_synchronously(op, traits, stack, device, std::move(decision));
 }
 // [/doc:fallback-dispatch]

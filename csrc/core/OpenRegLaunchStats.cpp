@@ -1,0 +1,58 @@
+#include "core/OpenRegLaunchStats.h"
+
+#include <atomic>
+#include <mutex>
+
+namespace openreg::stats {
+
+namespace {
+
+std::atomic<int64_t> g_counters[kCounterCount];
+
+struct ByOp {
+  std::mutex mu;  // guards both maps
+  std::map<std::string, int64_t> synchronous;
+  std::map<std::string, int64_t> learned;
+};
+
+ByOp& by_op() {
+  static auto* maps = new ByOp();  // leaked: counted from worker threads too
+  return *maps;
+}
+
+}  // namespace
+
+void count(Counter counter) {
+  g_counters[counter].fetch_add(1, std::memory_order_relaxed);
+}
+
+void count_op(Counter counter, const char* op) {
+  count(counter);
+  ByOp& maps = by_op();
+  std::lock_guard<std::mutex> lock(maps.mu);
+  ++(counter == kLearned ? maps.learned : maps.synchronous)[op];
+}
+
+Snapshot snapshot() {
+  Snapshot s;
+  for (int i = 0; i < kCounterCount; ++i) {
+    s.counters[i] = g_counters[i].load(std::memory_order_relaxed);
+  }
+  ByOp& maps = by_op();
+  std::lock_guard<std::mutex> lock(maps.mu);
+  s.synchronous_by_op = maps.synchronous;
+  s.learned_by_op = maps.learned;
+  return s;
+}
+
+void reset() {
+  for (auto& c : g_counters) {
+    c.store(0, std::memory_order_relaxed);
+  }
+  ByOp& maps = by_op();
+  std::lock_guard<std::mutex> lock(maps.mu);
+  maps.synchronous.clear();
+  maps.learned.clear();
+}
+
+}  // namespace openreg::stats

@@ -1,0 +1,36 @@
+// Launch statistics: how the PyTorch layer ran the operators of a stretch
+// of code (queued on a stream, run synchronously, run synchronously to learn
+// a signature) and how often the host waited for a device. For finding
+// where time goes in a real loop (benchmarks/bench_loops.py --breakdown),
+// read from Python as torch.openreg._launch_stats(). Counting costs one
+// relaxed atomic increment per event; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace openreg::stats {
+
+enum Counter : int {
+  kQueued = 0,       // fallback calls queued on a stream
+  kSynchronous = 1,  // fallback calls run synchronously (data-dependent, ...)
+  kLearned = 2,      // synchronous first runs of a signature
+  kLaunches = 3,     // tasks launched on streams (kernels, copies, fills)
+  kHostWaits = 4,    // host waits for a stream, device or event
+  kCounterCount = 5,
+};
+
+void count(Counter counter);
+// count() plus the operator's name, for kSynchronous and kLearned.
+void count_op(Counter counter, const char* op);
+
+struct Snapshot {
+  int64_t counters[kCounterCount] = {};
+  std::map<std::string, int64_t> synchronous_by_op;
+  std::map<std::string, int64_t> learned_by_op;
+};
+Snapshot snapshot();
+void reset();
+
+}  // namespace openreg::stats
