@@ -226,6 +226,9 @@ def test_set_num_threads_limits_the_device_kernels(py, blocking):
     assert int(busy) <= 1 and ok == "True"
 
 
+@pytest.mark.skipif(
+    os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1", reason="launches wait in blocking mode"
+)
 def test_non_blocking_copy_from_pageable_memory_is_staged():
     # As CUDA's driver: the bytes are staged in pinned memory at the call and
     # the copy is queued; the host waits neither for the copy nor for the

@@ -1,5 +1,7 @@
 """torch.openreg._launch_stats: how operators ran (a profiling aid)."""
 
+import os
+
 import torch
 
 D = "openreg:0"
@@ -16,6 +18,12 @@ def test_counts_queued_learned_and_synchronous_calls():
     nz = torch.nonzero(z > 0)  # data-dependent result shape: synchronous
     value = z.sum().item()  # a host wait
     s = torch.openreg._launch_stats()
+    torch.testing.assert_close(value, torch.atan2(x.cpu(), y.cpu()).sum().item())
+    if os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1":
+        # Every call runs synchronously: nothing is queued or learnt.
+        assert s["queued"] == s["learned"] == 0 and s["synchronous"] >= 8, s
+        assert s["synchronous_by_op"].get("aten::atan2", 0) == 6, s
+        return
     assert (
         s["learned_by_op"].get("aten::atan2", 0) + s["learned_by_op"].get("aten::atan2.out", 0) >= 1
     ), s
