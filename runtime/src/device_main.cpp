@@ -40,15 +40,6 @@ char* g_arena[kMaxDevices];  // this process's mappings of the arenas
 void* g_modules[kMaxModules];
 orDeviceKernelFn g_functions[kMaxFunctions];
 
-void futex_wait(const void* word, uint32_t expected, long timeout_ms) {
-  timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
-  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void futex_wake(const void* word) {
-  syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
 uint64_t now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

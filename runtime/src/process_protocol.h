@@ -17,9 +17,14 @@
 // side says it sleeps (worker_sleeping, host_waiting).
 #pragma once
 
+#include <linux/futex.h>
 #include <openreg.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 
@@ -125,5 +130,17 @@ struct alignas(64) EventSlot {
 struct Events {
   EventSlot slots[kMaxEvents];
 };
+
+// Waits while the 32-bit word at `word` (the low half of a counter) equals
+// `expected`, at most `timeout_ms`; spurious returns are fine (callers loop).
+inline void futex_wait(const void* word, uint32_t expected, long timeout_ms) {
+  timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+// Wakes every thread of any process waiting on `word`.
+inline void futex_wake(const void* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
 
 }  // namespace openreg_proc

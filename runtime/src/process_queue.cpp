@@ -1,0 +1,366 @@
+// The process driver's commands (see process_driver.cpp for the device
+// processes): each stream is a command ring in its device's control block,
+// single producer (the host, under the stream's lock), single consumer (the
+// stream's worker in the device process); launches, copies (pinned memory
+// directly, pageable memory staged through the pinned pool), memsets and
+// event records and waits are commands; the host waits on the ring's
+// completion counter, and a lost device ends every wait.
+#include <fcntl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "process_internal.h"
+
+namespace openreg_rt {
+namespace proc {
+
+using namespace openreg_proc;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Bytes of each pinned-pool staging chunk for copies from and to pageable
+// host memory.
+constexpr size_t kStagingBytes = size_t{4} << 20;
+
+}  // namespace
+
+// ---- streams ----------------------------------------------------------
+
+orError_t stream_create(orStream* stream) {
+  ProcessDevice& pd = of(stream->device());
+  int ring = -1;
+  {
+    std::lock_guard<std::mutex> lock(pd.rings_mu);
+    for (int r = 1; r < kMaxStreams; ++r) {
+      if (!pd.ring_used[r]) {
+        pd.ring_used[r] = true;
+        ring = r;
+        break;
+      }
+    }
+  }
+  if (ring < 0) {
+    return orErrorMemoryAllocation;  // as a device out of stream slots
+  }
+  // A ring's counters only grow, across the streams that use it in turn:
+  // an event's record is identified by (ring, ticket) forever.
+  Ring& rg = pd.control->rings[ring];
+  rg.error_state.store(0);
+  stream->proc_tail_ = rg.tail.load();
+  orError_t err = request(pd, kStartStream, ring, 0, nullptr);
+  if (err != orSuccess) {
+    std::lock_guard<std::mutex> lock(pd.rings_mu);
+    pd.ring_used[ring] = false;
+    return err;
+  }
+  stream->proc_ring_ = ring;
+  return orSuccess;
+}
+
+void stream_destroy(orStream* stream) {
+  ProcessDevice& pd = of(stream->device());
+  if (stream->proc_ring_ <= 0) {
+    return;
+  }
+  if (request(pd, kStopStream, stream->proc_ring_, 0, nullptr) == orSuccess) {
+    std::lock_guard<std::mutex> lock(pd.rings_mu);
+    pd.ring_used[stream->proc_ring_] = false;
+  }  // else the device is lost: its ring is never reused
+  stream->proc_ring_ = -1;
+}
+
+namespace {
+
+// Waits until the ring has completed `target` commands; orErrorDeviceLost if
+// the device process ends first.
+orError_t wait_ring(const Device* dev, Ring& ring, uint64_t target) {
+  const auto spin_until = Clock::now() + std::chrono::microseconds(20);
+  while (ring.completed.load(std::memory_order_acquire) < target &&
+         Clock::now() < spin_until) {
+  }
+  while (ring.completed.load(std::memory_order_acquire) < target) {
+    OR_RETURN_IF_ERROR(check_not_lost(dev));
+    ring.host_waiting.fetch_add(1, std::memory_order_seq_cst);
+    const uint64_t seen = ring.completed.load(std::memory_order_seq_cst);
+    if (seen < target) {
+      futex_wait(&ring.completed, static_cast<uint32_t>(seen), 50);
+    }
+    ring.host_waiting.fetch_sub(1, std::memory_order_seq_cst);
+  }
+  return orSuccess;
+}
+
+// Appends a command; *ticket is its number (it has completed once the
+// ring's count exceeds it).
+orError_t push(orStream* stream, const SlotHeader& header, const void* params,
+               size_t bytes, uint64_t* ticket = nullptr) {
+  Device* dev = stream->device();
+  Ring& ring = of(dev).control->rings[stream->proc_ring_];
+  std::lock_guard<std::mutex> lock(stream->proc_mu_);
+  OR_RETURN_IF_ERROR(check_not_lost(dev));
+  const uint64_t t = stream->proc_tail_;
+  if (t >= kRingSlots) {
+    // The slot is free once the command one lap back has completed.
+    OR_RETURN_IF_ERROR(wait_ring(dev, ring, t - kRingSlots + 1));
+  }
+  Slot& slot = ring.slots[t % kRingSlots];
+  slot.h = header;
+  if (bytes != 0) {
+    std::memcpy(slot.params, params, bytes);
+  }
+  stream->proc_tail_ = t + 1;
+  ring.tail.store(t + 1, std::memory_order_seq_cst);
+  if (ring.worker_sleeping.load(std::memory_order_seq_cst) != 0) {
+    futex_wake(&ring.tail);
+  }
+  if (ticket != nullptr) {
+    *ticket = t;
+  }
+  return orSuccess;
+}
+
+}  // namespace
+
+orError_t stream_synchronize(orStream* stream) {
+  Device* dev = stream->device();
+  Ring& ring = of(dev).control->rings[stream->proc_ring_];
+  uint64_t target = 0;
+  {
+    std::lock_guard<std::mutex> lock(stream->proc_mu_);
+    target = stream->proc_tail_;
+  }
+  OR_RETURN_IF_ERROR(wait_ring(dev, ring, target));
+  if (ring.error_state.load(std::memory_order_acquire) == 2) {
+    const auto code = static_cast<orError_t>(ring.error_code);
+    std::string message = ring.error_message;
+    if (message.empty() && ring.error_function >= 0) {
+      std::lock_guard<std::mutex> lock(shared().names_mu);
+      const auto id = static_cast<size_t>(ring.error_function);
+      if (id < shared().function_names.size()) {
+        message = "kernel '" + shared().function_names[id] +
+                  "' failed (returned " + std::to_string(ring.error_status) +
+                  ")";
+      }
+    }
+    stream->record_error(code, message.c_str());
+    ring.error_state.store(0, std::memory_order_release);
+  }
+  return orSuccess;
+}
+
+bool stream_idle(orStream* stream) {
+  Ring& ring = of(stream->device()).control->rings[stream->proc_ring_];
+  std::lock_guard<std::mutex> lock(stream->proc_mu_);
+  return ring.completed.load(std::memory_order_acquire) == stream->proc_tail_;
+}
+
+orError_t launch(orStream* stream, const orFunction_st* fn, const void* params,
+                 size_t bytes) {
+  SlotHeader h{};
+  h.command = kLaunch;
+  h.function = static_cast<uint32_t>(fn->id);
+  h.bytes = bytes;
+  return push(stream, h, params, bytes);
+}
+
+// ---- memory -----------------------------------------------------------
+
+orError_t pinned_alloc(size_t size, void** ptr) {
+  PinnedPool& pool = shared().pinned;
+  const size_t need = (size + 4095) / 4096 * 4096;
+  std::lock_guard<std::mutex> lock(pool.mu);
+  for (auto it = pool.free.begin(); it != pool.free.end(); ++it) {
+    if (it->second >= need) {
+      const size_t offset = it->first;
+      const size_t rest = it->second - need;
+      pool.free.erase(it);
+      if (rest != 0) {
+        pool.free.emplace(offset + need, rest);
+      }
+      pool.live.emplace(offset, need);
+      *ptr = pool.base + offset;
+      return orSuccess;
+    }
+  }
+  return orErrorMemoryAllocation;
+}
+
+void pinned_free(void* ptr) {
+  PinnedPool& pool = shared().pinned;
+  std::lock_guard<std::mutex> lock(pool.mu);
+  auto it =
+      pool.live.find(static_cast<size_t>(static_cast<char*>(ptr) - pool.base));
+  if (it == pool.live.end()) {
+    return;
+  }
+  size_t offset = it->first;
+  size_t size = it->second;
+  pool.live.erase(it);
+  fallocate(pool.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+            static_cast<off_t>(offset), static_cast<off_t>(size));
+  auto next = pool.free.lower_bound(offset);
+  if (next != pool.free.end() && offset + size == next->first) {
+    size += next->second;
+    next = pool.free.erase(next);
+  }
+  if (next != pool.free.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {
+      offset = prev->first;
+      size += prev->second;
+      pool.free.erase(prev);
+    }
+  }
+  pool.free.emplace(offset, size);
+}
+
+bool is_pinned(const void* p, size_t n) {
+  const PinnedPool& pool = shared().pinned;
+  const auto* c = static_cast<const char*>(p);
+  return c >= pool.base && c < pool.base + pool.capacity &&
+         n <= static_cast<size_t>(pool.base + pool.capacity - c);
+}
+
+namespace {
+
+orError_t copy_command(orStream* stream, const void* dst, const void* src,
+                       size_t count, bool wait) {
+  SlotHeader h{};
+  h.command = kCopy;
+  h.a = reinterpret_cast<uint64_t>(dst);
+  h.b = reinterpret_cast<uint64_t>(src);
+  h.c = count;
+  uint64_t ticket = 0;
+  OR_RETURN_IF_ERROR(push(stream, h, nullptr, 0, &ticket));
+  if (!wait) {
+    return orSuccess;
+  }
+  Device* dev = stream->device();
+  return wait_ring(dev, of(dev).control->rings[stream->proc_ring_], ticket + 1);
+}
+
+}  // namespace
+
+// dst/src were validated by the caller: device sides are live ranges, host
+// sides pinned or pageable. `stream` runs it; `wait` makes it synchronous.
+orError_t copy(orStream* stream, void* dst, const void* src, size_t count,
+               bool dst_is_device, bool src_is_device, bool wait) {
+  if (count == 0) {
+    return wait ? stream_synchronize(stream) : orSuccess;
+  }
+  if (!dst_is_device && !src_is_device && wait) {
+    OR_RETURN_IF_ERROR(stream_synchronize(stream));
+    std::memmove(dst, src, count);
+    return orSuccess;
+  }
+  const bool dst_ok = dst_is_device || is_pinned(dst, count);
+  const bool src_ok = src_is_device || is_pinned(src, count);
+  if (dst_ok && src_ok) {
+    return copy_command(stream, dst, src, count, wait);
+  }
+  // Pageable host memory: staged through the pinned pool in chunks, as a
+  // real driver does (the device cannot reach pageable memory).
+  void* staging = nullptr;
+  OR_RETURN_IF_ERROR(pinned_alloc(std::min(count, kStagingBytes), &staging));
+  orError_t err = orSuccess;
+  for (size_t done = 0; done < count && err == orSuccess;) {
+    const size_t n = std::min(count - done, kStagingBytes);
+    if (!src_ok) {  // host -> device
+      std::memcpy(staging, static_cast<const char*>(src) + done, n);
+      err = copy_command(stream, static_cast<char*>(dst) + done, staging, n,
+                         true);
+    } else {  // device -> host
+      err = copy_command(stream, staging, static_cast<const char*>(src) + done,
+                         n, true);
+      if (err == orSuccess) {
+        std::memcpy(static_cast<char*>(dst) + done, staging, n);
+      }
+    }
+    done += n;
+  }
+  pinned_free(staging);
+  return err;
+}
+
+orError_t memset(orStream* stream, void* dst, int value, size_t count) {
+  SlotHeader h{};
+  h.command = kMemset;
+  h.a = reinterpret_cast<uint64_t>(dst);
+  h.b = static_cast<uint64_t>(static_cast<unsigned char>(value));
+  h.c = count;
+  uint64_t ticket = 0;
+  OR_RETURN_IF_ERROR(push(stream, h, nullptr, 0, &ticket));
+  Device* dev = stream->device();
+  return wait_ring(dev, of(dev).control->rings[stream->proc_ring_], ticket + 1);
+}
+
+// ---- events -----------------------------------------------------------
+
+int event_slot_alloc() {
+  Shared& s = shared();
+  std::lock_guard<std::mutex> lock(s.events_mu);
+  if (s.free_events.empty()) {
+    return -1;
+  }
+  const int slot = s.free_events.back();
+  s.free_events.pop_back();
+  s.events->slots[slot].completed.store(0);
+  s.events->slots[slot].timestamp_ns = 0;
+  return slot;
+}
+
+void event_slot_free(int slot) {
+  Shared& s = shared();
+  std::lock_guard<std::mutex> lock(s.events_mu);
+  s.free_events.push_back(slot);
+}
+
+orError_t event_record(orStream* stream, int slot, uint64_t generation,
+                       uint64_t* ticket) {
+  SlotHeader h{};
+  h.command = kEventRecord;
+  h.a = static_cast<uint64_t>(slot);
+  h.b = generation;
+  return push(stream, h, nullptr, 0, ticket);
+}
+
+bool ticket_done(const Device* dev, int ring, uint64_t ticket) {
+  return of(dev).control->rings[ring].completed.load(
+             std::memory_order_acquire) > ticket;
+}
+
+orError_t wait_ticket(const Device* dev, int ring, uint64_t ticket) {
+  return wait_ring(dev, of(dev).control->rings[ring], ticket + 1);
+}
+
+orError_t event_wait(orStream* stream, int slot, uint64_t generation) {
+  SlotHeader h{};
+  h.command = kEventWait;
+  h.a = static_cast<uint64_t>(slot);
+  h.b = generation;
+  return push(stream, h, nullptr, 0);
+}
+
+uint64_t event_completed(int slot) {
+  return shared().events->slots[slot].completed.load(std::memory_order_acquire);
+}
+
+uint64_t event_timestamp_ns(int slot) {
+  return shared().events->slots[slot].timestamp_ns;
+}
+
+void event_force_complete(int slot, uint64_t generation) {
+  EventSlot& e = shared().events->slots[slot];
+  uint64_t seen = e.completed.load();
+  while (seen < generation &&
+         !e.completed.compare_exchange_weak(seen, generation)) {
+  }
+  futex_wake(&e.completed);
+}
+
+}  // namespace proc
+}  // namespace openreg_rt
