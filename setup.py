@@ -58,10 +58,15 @@ class CMakeBuild(build_ext):
         # starts it (the runtime looks beside the library it is linked into).
         # An editable install copies only the module itself into the source
         # tree, so the executable goes to both places.
+        # The kernel library a device process loads goes with it.
         for package_dir in {target.parent, ROOT / "torch_openreg"}:
-            device = package_dir / "openreg-device"
-            shutil.copy2(build_dir / "runtime" / "openreg-device", device.with_suffix(".tmp"))
-            os.replace(device.with_suffix(".tmp"), device)
+            for built_file in (
+                build_dir / "runtime" / "openreg-device",
+                build_dir / "csrc" / "libopenreg_kernels.so",
+            ):
+                dest = package_dir / built_file.name
+                shutil.copy2(built_file, dest.with_name(dest.name + ".tmp"))
+                os.replace(dest.with_name(dest.name + ".tmp"), dest)
 
 
 setup(

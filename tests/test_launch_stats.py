@@ -1,6 +1,8 @@
 """torch.openreg._launch_stats: how operators ran (a profiling aid)."""
 
 import os
+import subprocess
+import sys
 
 import torch
 
@@ -36,3 +38,72 @@ def test_counts_queued_learned_and_synchronous_calls():
     s = torch.openreg._launch_stats()
     assert s["queued"] == s["synchronous"] == s["learned"] == s["host_waits"] == 0
     assert s["synchronous_by_op"] == {} and s["learned_by_op"] == {}
+
+
+def _queued_twice(fn):
+    """Runs fn three times (learnt, then queued) and returns the last result
+    and the statistics of the queued calls."""
+    fn()
+    torch.openreg.synchronize()
+    torch.openreg._reset_launch_stats()
+    fn()
+    out = fn()
+    torch.openreg.synchronize()
+    return out, torch.openreg._launch_stats()
+
+
+def test_queued_calls_go_to_the_device_as_bytes():
+    # Tensors, Python numbers, lists, optional tensor lists, strings, a
+    # generator and aliasing views: all in the serialized call, none captured.
+    x = torch.randn(6, 5, device=D)
+    idx = torch.tensor([4, 0, 2], device=D)
+    gen = torch.Generator(device=D)
+
+    def calls():
+        a = (x * 2.5 + 1).clamp(-1, 1) * torch.tensor(2.0)
+        b = torch.index_put(x, (idx,), torch.ones(5, device=D))
+        c = torch.div(x, 3, rounding_mode="floor").sum([0, 1])
+        d = x[1:].add(x[:-1])
+        e = torch.bernoulli(torch.full((64,), 0.5, device=D), generator=gen.manual_seed(3))
+        return a, b, c, d, e
+
+    out, s = _queued_twice(calls)
+    xc = x.cpu()
+    bc = xc.clone()
+    bc[idx.cpu()] = 1
+    expected = (
+        (xc * 2.5 + 1).clamp(-1, 1) * 2.0,
+        bc,
+        torch.div(xc, 3, rounding_mode="floor").sum([0, 1]),
+        xc[1:] + xc[:-1],
+    )
+    for got, want in zip(out[:4], expected, strict=True):
+        torch.testing.assert_close(got.cpu(), want)
+    assert set(out[4].cpu().unique().tolist()) <= {0.0, 1.0}
+    if os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1":
+        return  # every call synchronous: nothing queued
+    assert s["queued"] >= 10 and s["captured"] == 0, s
+
+
+def test_captured_calls_compute_the_same(tmp_path):
+    # OPENREG_SERIALIZED_CALLS=0 captures every queued call as host objects
+    # (the path a call the bytes cannot carry takes): same values.
+    script = tmp_path / "captured.py"
+    script.write_text(
+        "import torch, torch_openreg\n"
+        "x = torch.arange(12.0, device='openreg').view(3, 4)\n"
+        "for _ in range(3):\n"
+        "    y = (x * torch.tensor(2.0) + 1).sum(0)\n"
+        "torch.openreg.synchronize()\n"
+        "s = torch.openreg._launch_stats()\n"
+        "print(y.cpu().tolist(), s['queued'] > 0 and s['captured'] == s['queued'])\n"
+    )
+    env = dict(os.environ, OPENREG_SERIALIZED_CALLS="0")
+    out = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    x = torch.arange(12.0).view(3, 4)
+    blocking = os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1"
+    assert out.stdout.split("]")[0] + "]" == str((x * 2 + 1).sum(0).tolist())
+    assert out.stdout.strip().endswith("False" if blocking else "True"), out.stdout

@@ -223,6 +223,8 @@ void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
 }
 // [/doc:run-sync]
 
+int kernel_thread_cap(int64_t elements) { return thread_cap(elements); }
+
 bool launch_blocking() {
   static const bool blocking = [] {
     const char* env = std::getenv("OPENREG_LAUNCH_BLOCKING");

@@ -43,6 +43,10 @@ void launch_async(c10::DeviceIndex device, const std::string& op,
 void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
               int64_t elements = -1, const char* op = nullptr);
 
+// The most threads a kernel whose largest tensor argument has `elements`
+// elements (-1: unknown) may use (see "worker-threads" in OpenRegLaunch.cpp).
+int kernel_thread_cap(int64_t elements);
+
 // True when OPENREG_LAUNCH_BLOCKING=1.
 bool launch_blocking();
 

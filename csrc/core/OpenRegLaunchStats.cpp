@@ -10,9 +10,10 @@ namespace {
 std::atomic<int64_t> g_counters[kCounterCount];
 
 struct ByOp {
-  std::mutex mu;  // guards both maps
+  std::mutex mu;  // guards the maps
   std::map<std::string, int64_t> synchronous;
   std::map<std::string, int64_t> learned;
+  std::map<std::string, int64_t> captured;
 };
 
 ByOp& by_op() {
@@ -30,7 +31,11 @@ void count_op(Counter counter, const char* op) {
   count(counter);
   ByOp& maps = by_op();
   std::lock_guard<std::mutex> lock(maps.mu);
-  ++(counter == kLearned ? maps.learned : maps.synchronous)[op];
+  std::map<std::string, int64_t>& map = counter == kLearned ? maps.learned
+                                        : counter == kCaptured
+                                            ? maps.captured
+                                            : maps.synchronous;
+  ++map[op];
 }
 
 Snapshot snapshot() {
@@ -42,6 +47,7 @@ Snapshot snapshot() {
   std::lock_guard<std::mutex> lock(maps.mu);
   s.synchronous_by_op = maps.synchronous;
   s.learned_by_op = maps.learned;
+  s.captured_by_op = maps.captured;
   return s;
 }
 
@@ -53,6 +59,7 @@ void reset() {
   std::lock_guard<std::mutex> lock(maps.mu);
   maps.synchronous.clear();
   maps.learned.clear();
+  maps.captured.clear();
 }
 
 }  // namespace openreg::stats

@@ -18,17 +18,20 @@ enum Counter : int {
   kLearned = 2,      // synchronous first runs of a signature
   kLaunches = 3,     // tasks launched on streams (kernels, copies, fills)
   kHostWaits = 4,    // host waits for a stream, device or event
-  kCounterCount = 5,
+  kCaptured = 5,     // queued calls captured as host objects, not as bytes
+  kCounterCount = 6,
 };
 
 void count(Counter counter);
-// count() plus the operator's name, for kSynchronous and kLearned.
+// count() plus the operator's name, for kSynchronous, kLearned and
+// kCaptured.
 void count_op(Counter counter, const char* op);
 
 struct Snapshot {
   int64_t counters[kCounterCount] = {};
   std::map<std::string, int64_t> synchronous_by_op;
   std::map<std::string, int64_t> learned_by_op;
+  std::map<std::string, int64_t> captured_by_op;
 };
 Snapshot snapshot();
 void reset();

@@ -356,6 +356,8 @@ PYBIND11_MODULE(_C, m) {
         out["host_waits"] = s.counters[stats::kHostWaits];
         out["synchronous_by_op"] = s.synchronous_by_op;
         out["learned_by_op"] = s.learned_by_op;
+        out["captured"] = s.counters[stats::kCaptured];
+        out["captured_by_op"] = s.captured_by_op;
         return out;
       },
       "How operators ran since the last reset (core/OpenRegLaunchStats.h).");

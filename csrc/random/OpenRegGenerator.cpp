@@ -1,6 +1,5 @@
 #include "random/OpenRegGenerator.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/TensorImpl.h>
@@ -10,21 +9,13 @@
 #include <memory>
 
 #include "core/OpenRegFunctions.h"
+#include "kernels/OpenRegKernelGenerator.h"
 
 namespace openreg {
 
 namespace {
 
 constexpr size_t kStateBytes = 2 * sizeof(uint64_t);
-
-// A 64-bit mix (splitmix64's finalizer): nearby (seed, offset) pairs give
-// unrelated generator seeds.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 }  // namespace
 
@@ -162,26 +153,9 @@ RandomDraw reserve_draw(const std::optional<at::Generator>& gen,
 }
 
 at::Generator kernel_generator(const RandomDraw& draw) {
-  // The Mersenne Twister's whole state comes from a splitmix64 stream keyed
-  // by (seed, offset): 2^64 distinct streams (seeding it with an integer
-  // would use only 32 bits of the key).
-  const uint64_t key = mix(draw.seed ^ mix(draw.offset));
-  at::mt19937_data_pod pod{};
-  pod.seed_ = key;
-  pod.left_ = 1;
-  pod.seeded_ = true;
-  pod.next_ = 0;
-  uint64_t x = key;
-  for (uint32_t& word : pod.state_) {
-    x = mix(x);
-    word = static_cast<uint32_t>(x >> 32);
-  }
-  pod.state_[0] |= 0x80000000u;  // never the all-zero state
-  at::mt19937 engine;
-  engine.set_data(pod);
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(key);
-  gen.get<at::CPUGeneratorImpl>()->set_engine(engine);
-  return gen;
+  // Made where the kernel runs (kernels/OpenRegKernelGenerator.h), from the
+  // draw alone.
+  return kernel_generator(draw.seed, draw.offset);
 }
 // [/doc:generator-draw]
 

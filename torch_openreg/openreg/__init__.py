@@ -88,9 +88,11 @@ def fallback_ops() -> list[str]:
 
 def _launch_stats() -> dict:
     """How operators ran since the last reset: queued on a stream, run
-    synchronously, run synchronously to learn their signature (with the
-    operators of the last two), tasks launched, and host waits. A profiling
-    aid (benchmarks/bench_loops.py --breakdown), not a stable API."""
+    synchronously, run synchronously to learn their signature, queued as
+    captured host objects instead of serialized calls (the format cannot
+    carry them, or ``OPENREG_SERIALIZED_CALLS=0``), with the operators of
+    the last three; tasks launched, and host waits. A profiling aid
+    (benchmarks/bench_loops.py --breakdown), not a stable API."""
     return _C._launch_stats()
 
 

@@ -8,7 +8,10 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/SmallVector.h>
+#include <openreg.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -17,12 +20,23 @@
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegResize.h"
+#include "aten/fallback/OpenRegCallEncoder.h"
 #include "aten/fallback/OpenRegCapture.h"
 #include "core/OpenRegFreeList.h"
+#include "core/OpenRegLaunchStats.h"
+#include "kernels/OpenRegBoxedCall.h"
 #include "memory/OpenRegAllocator.h"
 #include "random/OpenRegGenerator.h"
 
 namespace openreg {
+
+bool serialized_calls() {
+  static const bool on = [] {
+    const char* env = std::getenv("OPENREG_SERIALIZED_CALLS");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return on;
+}
 
 namespace {
 
@@ -84,6 +98,10 @@ struct QueuedCall {
   c10::SmallVector<std::pair<size_t, int>, 2> result_slots;
   // Random ops: the argument whose generator the kernel makes from a draw.
   c10::SmallVector<std::pair<size_t, RandomDraw>, 1> draws;
+  // The call as bytes (serialized_calls()): then `args` is empty and
+  // `results` unused.
+  bool serialized = false;
+  std::vector<uint8_t> bytes;
 
   void clear() {
     op.reset();
@@ -109,13 +127,24 @@ struct ReturnToPool {
 };
 using PooledCall = std::unique_ptr<QueuedCall, ReturnToPool>;
 
+void* translate_here(void* /*state*/, const void* device_address) {
+  void* kernel = nullptr;
+  return orGetKernelPointer(&kernel, device_address) == orSuccess ? kernel
+                                                                  : nullptr;
+}
+
 // The kernel of a queued call, on the stream's worker.
 void run_queued_kernel(QueuedCall& call) {
+  DropRaisedWarnings drop(call.plan->warnings);
+  const c10::WarningUtils::WarningHandlerGuard guard(&drop);
+  if (call.serialized) {
+    run_boxed_call(call.bytes.data(), call.bytes.size(),
+                   Translate{&translate_here, nullptr});
+    return;
+  }
   for (const auto& [i, draw] : call.draws) {
     call.args.args[i] = kernel_generator(draw);
   }
-  DropRaisedWarnings drop(call.plan->warnings);
-  const c10::WarningUtils::WarningHandlerGuard guard(&drop);
   KernelViews views;
   if (call.into_results) {
     run_cpu_kernel_into(*call.traits, call.args, call.results, views);
@@ -163,6 +192,7 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
     }
   }
   PooledCall call(call_pool().take());
+  c10::SmallVector<at::Tensor, 2> new_results;
   call->op = op;
   call->traits = &traits;
   call->plan = plan;
@@ -177,6 +207,7 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
           s.sizes, s.strides, device_allocator(),
           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), s.dtype);
       call->results.emplace_back(t);
+      new_results.push_back(t);
       call->result_slots.emplace_back(r,
                                       out.is_list ? static_cast<int>(k) : -1);
       return t;
@@ -195,18 +226,16 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
       results.emplace_back(make(0));
     }
   }
-  capture_arguments(*stack, traits, call->args);
   // Random ops reserve their draw now, in program order; the kernel makes
   // its generator from it when it runs.
+  const c10::ArrayRef<c10::IValue> args(stack->data() + first, num_args);
   for (size_t i = 0; i < num_args; ++i) {
     if (traits.generator[i]) {
-      c10::IValue& g = call->args.args[i];
       std::optional<at::Generator> gen;
-      if (g.isGenerator()) {
-        gen = g.toGenerator();
+      if (args[i].isGenerator()) {
+        gen = args[i].toGenerator();
       }
       call->draws.emplace_back(i, reserve_draw(gen, device.index()));
-      g = c10::IValue();
     }
   }
   // A structured functional op whose results are all new single tensors
@@ -218,6 +247,26 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
         into_results && out.arg < 0 && !out.is_list && out.tensors.size() == 1;
   }
   call->into_results = into_results;
+  call->serialized = false;
+  if (serialized_calls()) {
+    CallToEncode c;
+    c.op = into_results ? &*traits.out_variant : &op;
+    c.mode = into_results ? call::Mode::kIntoResults : call::Mode::kCopyResults;
+    c.traits = &traits;
+    c.args = args;
+    c.draws = call->draws;
+    c.results = new_results;
+    c.result_slots = call->result_slots;
+    c.threads = kernel_thread_cap(plan->elements);
+    call->serialized = encode_call(c, call->bytes);
+  }
+  if (!call->serialized) {
+    stats::count_op(stats::kCaptured, traits.display_name.c_str());
+    capture_arguments(*stack, traits, call->args);
+    for (const auto& [i, draw] : call->draws) {
+      call->args.args[i] = c10::IValue();
+    }
+  }
   launch_async(
       device.index(), traits.display_name,
       [call = std::move(call)] { run_queued_kernel(*call); }, plan->elements);

@@ -18,6 +18,12 @@ namespace openreg {
 // arguments (random ops reserve their draw) and queues the CPU kernel on
 // the current stream of `device`. Replaces the arguments on `stack` with the
 // results, as a boxed kernel does.
+// Whether queued calls go to the device as serialized boxed calls
+// (kernels/OpenRegCallFormat.h), the form a device process runs; otherwise,
+// and for a call the format cannot carry, as captured host objects.
+// OPENREG_SERIALIZED_CALLS=0 turns it off (default: on).
+bool serialized_calls();
+
 void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
                 const std::shared_ptr<const LaunchPlan>& plan,
                 torch::jit::Stack* stack, c10::Device device);

@@ -1,0 +1,43 @@
+// The host's half of a serialized boxed call (kernels/OpenRegCallFormat.h):
+// a queued fallback call written to bytes, so that the device runs it from
+// bytes alone (kernels/OpenRegBoxedCall.h), in this process or in a device
+// process.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "aten/fallback/OpenRegOpTraits.h"
+#include "kernels/OpenRegCallFormat.h"
+#include "random/OpenRegGenerator.h"
+
+namespace openreg {
+
+// What one call writes.
+struct CallToEncode {
+  // The operator the device runs: the call's own, or its out= variant
+  // (mode kIntoResults).
+  const c10::OperatorHandle* op = nullptr;
+  call::Mode mode = call::Mode::kCopyResults;
+  const OpTraits* traits = nullptr;
+  c10::ArrayRef<c10::IValue> args;  // the call's arguments
+  // Random ops: the argument whose generator the device makes from a draw.
+  c10::ArrayRef<std::pair<size_t, RandomDraw>> draws;
+  // The new results (device tensors the host allocated) and where each goes
+  // among the operator's returns (return index, list index or -1).
+  c10::ArrayRef<at::Tensor> results;
+  c10::ArrayRef<std::pair<size_t, int>> result_slots;
+  int threads = 0;  // the most threads the kernel may use
+};
+
+// Writes the call to `out` (cleared first). Returns false, leaving `out` in
+// an unspecified state, when the call has what the format does not carry (a
+// list of scalars, a symbolic size, a non-strided device tensor) or would
+// exceed OR_MAX_KERNEL_PARAMS bytes (a large CPU tensor argument).
+bool encode_call(const CallToEncode& call, std::vector<uint8_t>& out);
+
+}  // namespace openreg

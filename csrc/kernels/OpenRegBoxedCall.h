@@ -1,0 +1,27 @@
+// Runs a serialized boxed call (kernels/OpenRegCallFormat.h) on the device:
+// PyTorch's CPU kernel over CPU tensors that alias device memory, as the
+// device itself sees it.
+//
+// This is device-side code: it uses ATen's CPU kernels and the dispatcher,
+// never the openreg runtime or the PyTorch layer's host state, so the same
+// code runs on the thread driver's stream worker (inside the extension) and
+// in a device process (libopenreg_kernels.so,
+// kernels/OpenRegKernelLibrary.cpp).
+#pragma once
+
+#include <cstddef>
+
+namespace openreg {
+
+// Where the kernel reads and writes the device memory at a device address
+// (nullptr: not device memory).
+struct Translate {
+  void* (*fn)(void* state, const void* device_address);
+  void* state;
+};
+
+// Runs the call in `bytes`. Throws (c10::Error, std::runtime_error) what the
+// CPU kernel throws, and on a malformed call.
+void run_boxed_call(const void* bytes, size_t size, Translate translate);
+
+}  // namespace openreg

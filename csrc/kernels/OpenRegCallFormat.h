@@ -1,0 +1,172 @@
+// The bytes of a serialized boxed call: a fallback call as the device runs
+// it, without a host pointer or a host object in it (issue 29, step 3).
+//
+// The host writes one when it queues a call of the CPU fallback
+// (aten/fallback/OpenRegCallEncoder.cpp); the device reads it and runs
+// PyTorch's CPU kernel over its own view of device memory
+// (kernels/OpenRegBoxedCall.cpp). The same bytes serve both drivers: the
+// thread driver's worker reads them in the user's process, the process
+// driver's device process reads them as the parameters of the named kernel
+// `openreg_boxed_call` of libopenreg_kernels.so. They never leave the
+// machine, so numbers are in the host's byte order.
+//
+// Layout, in order (every field packed, read with memcpy):
+//
+//   CallHeader
+//   the operator's name, then its overload name   (name_len, overload_len)
+//   storages   n_storages x StorageRecord        device storages, once each
+//   tensors    n_tensors  x TensorRecord          + sizes, strides [, bytes]
+//   arguments  n_args values, each a Tag and its payload (below)
+//   results    n_results x ResultRecord           (kCopyResults only)
+//
+// One device tensor passed twice is one tensor record, and tensors of one
+// device storage share one storage record, so the kernel sees the aliasing
+// the caller made. A CPU tensor argument travels as a snapshot of its bytes
+// (kInlineStorage). Devices addresses are the device's (what orMalloc gave);
+// the kernel translates them (orKernelContext.translate).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace openreg::call {
+
+constexpr uint32_t kMagic = 0x3143524f;  // "ORC1"
+constexpr uint16_t kVersion = 1;
+
+enum class Mode : uint8_t {
+  // Run the operator; copy each result named in the results section into
+  // its tensor (new device tensors the host allocated with the plan's
+  // metadata).
+  kCopyResults = 0,
+  // Run the operator (an out= variant) with the result tensors appended to
+  // its arguments: it writes them in place.
+  kIntoResults = 1,
+};
+
+struct CallHeader {
+  uint32_t magic;
+  uint16_t version;
+  Mode mode;
+  uint8_t reserved;
+  int32_t threads;  // the most threads the kernel's parallel regions use
+  uint16_t name_len;
+  uint16_t overload_len;
+  uint16_t n_storages;
+  uint16_t n_tensors;
+  uint16_t n_args;
+  uint16_t n_results;
+};
+
+struct StorageRecord {
+  uint64_t address;  // device address of the first byte; 0: empty
+  uint64_t nbytes;
+};
+
+constexpr uint16_t kInlineStorage = 0xffff;  // a CPU snapshot follows
+constexpr uint16_t kNoTensor = 0xffff;       // an absent optional tensor
+
+enum TensorFlags : uint8_t {
+  kConj = 1,
+  kNeg = 2,
+  kWrappedNumber = 4,  // a Python number made a tensor (type promotion)
+  kWritten = 8,        // a written argument: must keep its sizes and strides
+  kUndefined = 16,     // an undefined tensor
+};
+
+struct TensorRecord {
+  uint16_t storage;  // index into storages, or kInlineStorage
+  uint8_t dtype;     // c10::ScalarType
+  uint8_t flags;     // TensorFlags
+  uint8_t ndim;
+  uint8_t reserved[3];
+  int64_t storage_offset;  // elements
+  // then ndim sizes, ndim strides (int64); for kInlineStorage, a uint64
+  // byte count and the bytes of the dense tensor starting at element 0.
+};
+
+enum class Tag : uint8_t {
+  kNone = 0,
+  kTensor,         // uint16 tensor index
+  kInt,            // int64
+  kDouble,         // double
+  kBool,           // uint8
+  kComplex,        // two doubles
+  kString,         // uint32 length, bytes
+  kDevice,         // int8 type, int8 index
+  kIntList,        // uint32 n, n int64
+  kDoubleList,     // uint32 n, n double
+  kBoolList,       // uint32 n, n uint8
+  kTensorList,     // uint32 n, n uint16 tensor indices
+  kOptTensorList,  // uint32 n, n uint16 (kNoTensor: none)
+  kGenerator,      // uint64 seed, uint64 offset: the launch's random draw
+  kScalarList,     // uint32 n, n values, each kInt, kDouble, kComplex or kBool
+};
+
+struct ResultRecord {
+  uint16_t ret;     // index among the operator's returns
+  int16_t index;    // index in a Tensor[] return, or -1
+  uint16_t tensor;  // index into tensors
+};
+
+// Appends packed values to a byte buffer.
+class Writer {
+ public:
+  explicit Writer(std::vector<uint8_t>& out) : out_(out) {}
+
+  template <typename T>
+  void put(const T& value) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    put_bytes(&value, sizeof(T));
+  }
+  void put_bytes(const void* data, size_t n) {
+    const size_t at = out_.size();
+    out_.resize(at + n);
+    if (n > 0) {
+      std::memcpy(out_.data() + at, data, n);
+    }
+  }
+  size_t size() const { return out_.size(); }
+  uint8_t* at(size_t offset) { return out_.data() + offset; }
+
+ private:
+  std::vector<uint8_t>& out_;
+};
+
+// Reads packed values, checking every read against the end: a short or
+// corrupt buffer is an error, never a read past it.
+class Reader {
+ public:
+  Reader(const void* data, size_t size)
+      : p_(static_cast<const uint8_t*>(data)), end_(p_ + size) {}
+
+  template <typename T>
+  T get() {
+    static_assert(std::is_trivially_copyable_v<T>);
+    T value;
+    std::memcpy(&value, take(sizeof(T)), sizeof(T));
+    return value;
+  }
+  const uint8_t* take(size_t n) {
+    if (static_cast<size_t>(end_ - p_) < n) {
+      throw std::runtime_error(
+          "openreg: a serialized call ends early (wanted " + std::to_string(n) +
+          " more bytes, " + std::to_string(end_ - p_) + " left)");
+    }
+    const uint8_t* at = p_;
+    p_ += n;
+    return at;
+  }
+  bool done() const { return p_ == end_; }
+
+ private:
+  const uint8_t* p_;
+  const uint8_t* end_;
+};
+
+}  // namespace openreg::call

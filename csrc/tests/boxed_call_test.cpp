@@ -1,0 +1,321 @@
+// Serialized boxed calls (kernels/OpenRegCallFormat.h) run by the kernel
+// library libopenreg_kernels.so through the runtime's named-kernel launch,
+// against the same computation on the CPU. ctest runs this binary with each
+// driver: under OPENREG_DRIVER=process the calls cross to a device process,
+// which runs PyTorch's CPU kernels on its own mapping of device memory.
+//
+// The calls are written by hand here (the PyTorch layer writes them from the
+// dispatcher's stack, aten/fallback/OpenRegCallEncoder.cpp), so this test
+// needs the runtime and ATen, not the extension.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <openreg.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels/OpenRegBoxedCall.h"
+#include "kernels/OpenRegCallFormat.h"
+
+namespace {
+
+using openreg::call::Mode;
+using openreg::call::Tag;
+using openreg::call::Writer;
+
+#define OR_ASSERT_OK(expr) ASSERT_EQ(orSuccess, (expr))
+
+// A call, written in the format's order once it is complete.
+class CallBuilder {
+ public:
+  int storage(const void* device, size_t nbytes) {
+    Writer(storages_).put(openreg::call::StorageRecord{
+        reinterpret_cast<uint64_t>(device), nbytes});
+    return n_storages_++;
+  }
+  int tensor(int storage, const at::Tensor& like, int64_t offset = 0,
+             uint8_t flags = 0) {
+    Writer w(tensors_);
+    openreg::call::TensorRecord rec{};
+    rec.storage = static_cast<uint16_t>(storage);
+    rec.dtype = static_cast<uint8_t>(like.scalar_type());
+    rec.flags = flags;
+    rec.ndim = static_cast<uint8_t>(like.dim());
+    rec.storage_offset = offset;
+    w.put(rec);
+    for (int64_t s : like.sizes()) {
+      w.put(s);
+    }
+    for (int64_t s : like.strides()) {
+      w.put(s);
+    }
+    if (storage == openreg::call::kInlineStorage) {
+      const at::Tensor c = like.contiguous();
+      w.put(static_cast<uint64_t>(c.nbytes()));
+      w.put_bytes(c.const_data_ptr(), c.nbytes());
+    }
+    return n_tensors_++;
+  }
+  void arg_tensor(int t) {
+    put(Tag::kTensor);
+    Writer(args_).put(static_cast<uint16_t>(t));
+  }
+  void arg_int(int64_t v) {
+    put(Tag::kInt);
+    Writer(args_).put(v);
+  }
+  void arg_double(double v) {
+    put(Tag::kDouble);
+    Writer(args_).put(v);
+  }
+  void arg_generator(uint64_t seed, uint64_t offset) {
+    put(Tag::kGenerator);
+    Writer(args_).put(seed);
+    Writer(args_).put(offset);
+  }
+  void result(uint16_t ret, int t) {
+    Writer(results_).put(
+        openreg::call::ResultRecord{ret, -1, static_cast<uint16_t>(t)});
+    ++n_results_;
+  }
+  std::vector<uint8_t> build(const std::string& name,
+                             const std::string& overload,
+                             Mode mode = Mode::kCopyResults) const {
+    std::vector<uint8_t> out;
+    Writer w(out);
+    openreg::call::CallHeader h{};
+    h.magic = openreg::call::kMagic;
+    h.version = openreg::call::kVersion;
+    h.mode = mode;
+    h.threads = 1;
+    h.name_len = static_cast<uint16_t>(name.size());
+    h.overload_len = static_cast<uint16_t>(overload.size());
+    h.n_storages = n_storages_;
+    h.n_tensors = n_tensors_;
+    h.n_args = n_args_;
+    h.n_results = n_results_;
+    w.put(h);
+    w.put_bytes(name.data(), name.size());
+    w.put_bytes(overload.data(), overload.size());
+    for (const auto* part : {&storages_, &tensors_, &args_, &results_}) {
+      w.put_bytes(part->data(), part->size());
+    }
+    return out;
+  }
+
+ private:
+  void put(Tag tag) {
+    Writer(args_).put(tag);
+    ++n_args_;
+  }
+  std::vector<uint8_t> storages_, tensors_, args_, results_;
+  uint16_t n_storages_ = 0, n_tensors_ = 0, n_args_ = 0, n_results_ = 0;
+};
+
+// A device buffer holding a copy of a CPU tensor's (contiguous) bytes.
+struct DeviceBuffer {
+  explicit DeviceBuffer(size_t bytes) : nbytes(bytes) {
+    EXPECT_EQ(orSuccess, orMalloc(&ptr, bytes));
+  }
+  explicit DeviceBuffer(const at::Tensor& t) : DeviceBuffer(t.nbytes()) {
+    const at::Tensor c = t.contiguous();
+    EXPECT_EQ(orSuccess, orMemcpy(ptr, c.const_data_ptr(), c.nbytes(),
+                                  orMemcpyHostToDevice));
+  }
+  ~DeviceBuffer() { orFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  // The bytes back, as a tensor shaped like `like` (contiguous).
+  at::Tensor read(const at::Tensor& like) const {
+    at::Tensor out = at::empty(like.sizes(), like.options());
+    EXPECT_EQ(orSuccess, orMemcpy(out.data_ptr(), ptr, out.nbytes(),
+                                  orMemcpyDeviceToHost));
+    return out;
+  }
+  void* ptr = nullptr;
+  size_t nbytes;
+};
+
+class BoxedCallTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* path = std::getenv("OPENREG_KERNELS_LIBRARY");
+    ASSERT_EQ(orSuccess,
+              orModuleLoad(&module_,
+                           path != nullptr ? path : OPENREG_KERNELS_DEFAULT));
+    ASSERT_EQ(orSuccess,
+              orModuleGetFunction(&call_, module_, "openreg_boxed_call"));
+  }
+  static void TearDownTestSuite() {
+    if (module_ != nullptr) {
+      orDeviceSynchronize();
+      orModuleUnload(module_);
+    }
+  }
+  // Launches the call on the default stream and waits for it.
+  static orError_t Run(const std::vector<uint8_t>& bytes) {
+    const orError_t launched =
+        orLaunchFunction(nullptr, call_, bytes.data(), bytes.size(), nullptr);
+    return launched != orSuccess ? launched : orStreamSynchronize(nullptr);
+  }
+  static std::string LastMessage() {
+    char message[512] = {};
+    orStreamGetErrorMessage(nullptr, message, sizeof(message));
+    return message;
+  }
+
+  static orModule_t module_;
+  static orFunction_t call_;
+};
+
+orModule_t BoxedCallTest::module_ = nullptr;
+orFunction_t BoxedCallTest::call_ = nullptr;
+
+TEST_F(BoxedCallTest, OutVariantWritesDeviceMemory) {
+  const at::Tensor x = at::randn({33, 7});
+  const at::Tensor y = at::randn({33, 7});
+  DeviceBuffer dx(x), dy(y), dout(x.nbytes());
+  CallBuilder c;
+  const int sx = c.storage(dx.ptr, dx.nbytes);
+  const int sy = c.storage(dy.ptr, dy.nbytes);
+  const int so = c.storage(dout.ptr, dout.nbytes);
+  c.arg_tensor(c.tensor(sx, x));
+  c.arg_tensor(c.tensor(sy, y));
+  c.arg_double(2.5);
+  c.arg_tensor(c.tensor(so, x, 0, openreg::call::kWritten));
+  OR_ASSERT_OK(Run(c.build("aten::add", "out")));
+  EXPECT_TRUE(at::allclose(dout.read(x), x + 2.5 * y));
+}
+
+TEST_F(BoxedCallTest, FunctionalResultIsCopiedIntoItsTensor) {
+  const at::Tensor a = at::randn({16, 24});
+  const at::Tensor b = at::randn({24, 8});
+  const at::Tensor expected = at::mm(a, b);
+  DeviceBuffer da(a), db(b), dr(expected.nbytes());
+  CallBuilder c;
+  c.arg_tensor(c.tensor(c.storage(da.ptr, da.nbytes), a));
+  c.arg_tensor(c.tensor(c.storage(db.ptr, db.nbytes), b));
+  c.result(0, c.tensor(c.storage(dr.ptr, dr.nbytes), expected));
+  OR_ASSERT_OK(Run(c.build("aten::mm", "")));
+  EXPECT_TRUE(at::allclose(dr.read(expected), expected));
+}
+
+TEST_F(BoxedCallTest, IntoResultsAppendsTheResultsToTheOutVariant) {
+  const at::Tensor a = at::randn({64});
+  const at::Tensor expected = at::exp(a);
+  DeviceBuffer da(a), dr(a.nbytes());
+  CallBuilder c;
+  c.arg_tensor(c.tensor(c.storage(da.ptr, da.nbytes), a));
+  c.result(0, c.tensor(c.storage(dr.ptr, dr.nbytes), a));
+  OR_ASSERT_OK(Run(c.build("aten::exp", "out", Mode::kIntoResults)));
+  EXPECT_TRUE(at::allclose(dr.read(a), expected));
+}
+
+TEST_F(BoxedCallTest, TensorsOfOneStorageAlias) {
+  // x[1:] += x[:-1] in place: the CPU kernel sees the overlap and must
+  // give what it gives on the CPU.
+  const at::Tensor x = at::arange(10, at::kFloat);
+  at::Tensor expected = x.clone();
+  expected.slice(0, 1).add_(expected.slice(0, 0, 9).clone());
+  DeviceBuffer dx(x);
+  CallBuilder c;
+  const int s = c.storage(dx.ptr, dx.nbytes);
+  const at::Tensor part = x.slice(0, 0, 9);
+  c.arg_tensor(c.tensor(s, part, 1, openreg::call::kWritten));
+  c.arg_tensor(c.tensor(s, part, 0));
+  c.arg_int(1);
+  // add_ of overlapping tensors: PyTorch refuses partial overlap.
+  const orError_t err = Run(c.build("aten::add_", "Tensor"));
+  EXPECT_EQ(orErrorLaunchFailure, err);
+  EXPECT_NE(LastMessage().find("single memory location"), std::string::npos)
+      << LastMessage();
+  // Two views of one storage that do not overlap compute.
+  CallBuilder ok;
+  const int s2 = ok.storage(dx.ptr, dx.nbytes);
+  const at::Tensor half = x.slice(0, 0, 5);
+  ok.arg_tensor(ok.tensor(s2, half, 5, openreg::call::kWritten));
+  ok.arg_tensor(ok.tensor(s2, half, 0));
+  ok.arg_int(1);
+  OR_ASSERT_OK(Run(ok.build("aten::add_", "Tensor")));
+  at::Tensor want = x.clone();
+  want.slice(0, 5).add_(want.slice(0, 0, 5));
+  EXPECT_TRUE(at::equal(dx.read(x), want));
+}
+
+TEST_F(BoxedCallTest, CpuTensorArgumentsTravelInline) {
+  const at::Tensor x = at::randn({10, 3});
+  const at::Tensor index = at::tensor({7, 0, 3}, at::kLong);
+  const at::Tensor expected = at::index_select(x, 0, index);
+  DeviceBuffer dx(x), dr(expected.nbytes());
+  CallBuilder c;
+  c.arg_tensor(c.tensor(c.storage(dx.ptr, dx.nbytes), x));
+  c.arg_int(0);
+  c.arg_tensor(c.tensor(openreg::call::kInlineStorage, index));
+  c.result(0, c.tensor(c.storage(dr.ptr, dr.nbytes), expected));
+  OR_ASSERT_OK(Run(c.build("aten::index_select", "")));
+  EXPECT_TRUE(at::equal(dr.read(expected), expected));
+}
+
+TEST_F(BoxedCallTest, KernelErrorIsTheLaunchErrorAndTheStreamGoesOn) {
+  const at::Tensor x = at::randn({10, 3});
+  const at::Tensor bad = at::tensor({11}, at::kLong);
+  DeviceBuffer dx(x), dr(3 * sizeof(float));
+  CallBuilder c;
+  c.arg_tensor(c.tensor(c.storage(dx.ptr, dx.nbytes), x));
+  c.arg_int(0);
+  c.arg_tensor(c.tensor(openreg::call::kInlineStorage, bad));
+  c.result(0, c.tensor(c.storage(dr.ptr, dr.nbytes), at::empty({1, 3})));
+  EXPECT_EQ(orErrorLaunchFailure, Run(c.build("aten::index_select", "")));
+  EXPECT_NE(LastMessage().find("out of range"), std::string::npos)
+      << LastMessage();
+  // The device was not lost: the next call computes.
+  CallBuilder next;
+  next.arg_tensor(next.tensor(next.storage(dx.ptr, dx.nbytes), x));
+  next.result(0, next.tensor(next.storage(dx.ptr, dx.nbytes), x));
+  OR_ASSERT_OK(Run(next.build("aten::neg", "")));
+  EXPECT_TRUE(at::equal(dx.read(x), -x));
+}
+
+TEST_F(BoxedCallTest, MalformedCallsFailWithoutLosingTheDevice) {
+  CallBuilder c;
+  c.arg_int(1);
+  std::vector<uint8_t> bytes = c.build("aten::add", "Tensor");
+  bytes.resize(bytes.size() - 3);  // cut inside the last value
+  EXPECT_EQ(orErrorLaunchFailure, Run(bytes));
+  EXPECT_NE(LastMessage().find("ends early"), std::string::npos)
+      << LastMessage();
+  CallBuilder unknown;
+  EXPECT_EQ(orErrorLaunchFailure, Run(unknown.build("aten::no_such_op", "")));
+  EXPECT_NE(LastMessage().find("aten::no_such_op"), std::string::npos)
+      << LastMessage();
+  OR_ASSERT_OK(orDeviceGetLossReason(0, nullptr, 0));
+}
+
+void* Identity(void*, const void* p) { return const_cast<void*>(p); }
+
+TEST_F(BoxedCallTest, RandomDrawGivesTheSameBitsOnTheDeviceAsHere) {
+  // The draw (seed, offset) alone decides the numbers, wherever the
+  // kernel runs: on the device, and in this process over host memory.
+  const at::Tensor x = at::zeros({1000});
+  DeviceBuffer dx(x);
+  at::Tensor here = x.clone();
+  auto call = [&](const void* data, size_t nbytes) {
+    CallBuilder c;
+    c.arg_tensor(
+        c.tensor(c.storage(data, nbytes), x, 0, openreg::call::kWritten));
+    c.arg_double(0.3);
+    c.arg_generator(1234, 56);
+    return c.build("aten::bernoulli_", "float");
+  };
+  OR_ASSERT_OK(Run(call(dx.ptr, dx.nbytes)));
+  const std::vector<uint8_t> local = call(here.data_ptr(), here.nbytes());
+  openreg::run_boxed_call(local.data(), local.size(), {&Identity, nullptr});
+  const at::Tensor device = dx.read(x);
+  EXPECT_TRUE(at::equal(device, here));
+  EXPECT_GT(device.sum().item<float>(), 200);
+  EXPECT_LT(device.sum().item<float>(), 400);
+}
+
+}  // namespace
