@@ -236,8 +236,12 @@ def _stream_semantics(rank, world):
     # The same through the second collective's future (what DDP's reducer
     # uses): rank 0 reads its result before rank 1 joins the first group's
     # collective, so the future must not wait for that one.
+    # With OPENREG_LAUNCH_BLOCKING=1 every launch waits for its kernel, so
+    # rank 0's first collective cannot return before rank 1 joins it: the
+    # opposite orders deadlock, as NCCL's do under CUDA_LAUNCH_BLOCKING=1.
+    blocking = os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1"
     other = dist.new_group([0, 1], timeout=timedelta(seconds=20))
-    for through_future in (False, True):
+    for through_future in () if blocking else (False, True):
         a = torch.full((1 << 10,), float(rank + 1), device=d)
         b = torch.full((1 << 10,), float(10 * (rank + 1)), device=d)
         if rank == 0:
