@@ -50,6 +50,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import other_cpu_use  # benchmarks/bench.py: the same idle check
+
 CASES = ("mlp", "cnn", "transformer")
 SIDES = ("eager-cpu", "compiled-cpu", "eager-openreg", "compiled-openreg")
 GOAL = 1.0  # compiled openreg / compiled CPU
@@ -148,23 +150,6 @@ def run_worker(case: str, side: str, steps: int, cache: str, threads: int | None
     if proc.returncode != 0:
         raise RuntimeError(f"{case} {side} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def other_cpu_use(seconds: float = 0.5) -> float:
-    """Fraction of all CPUs busy during `seconds` while this process sleeps (Linux)."""
-
-    def ticks() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            values = [int(v) for v in f.readline().split()[1:]]
-        return sum(values), values[3] + values[4]  # total, idle + iowait
-
-    try:
-        total0, idle0 = ticks()
-        time.sleep(seconds)
-        total1, idle1 = ticks()
-    except OSError:
-        return 0.0
-    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
 
 
 def wait_for_idle(limit: float = 0.10, timeout: float = 60.0) -> float:
