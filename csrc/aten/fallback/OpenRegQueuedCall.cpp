@@ -98,8 +98,8 @@ struct QueuedCall {
   c10::SmallVector<std::pair<size_t, int>, 2> result_slots;
   // Random ops: the argument whose generator the kernel makes from a draw.
   c10::SmallVector<std::pair<size_t, RandomDraw>, 1> draws;
-  // The call as bytes (serialized_calls()): then `args` is empty and
-  // `results` unused.
+  // The call as bytes (serialized_calls()): then `args` and `results` are
+  // empty (the bytes hold them).
   bool serialized = false;
   std::vector<uint8_t> bytes;
 
@@ -206,7 +206,6 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
       at::Tensor t = at::detail::empty_strided_generic(
           s.sizes, s.strides, device_allocator(),
           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), s.dtype);
-      call->results.emplace_back(t);
       new_results.push_back(t);
       call->result_slots.emplace_back(r,
                                       out.is_list ? static_cast<int>(k) : -1);
@@ -263,6 +262,9 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
   if (!call->serialized) {
     stats::count_op(stats::kCaptured, traits.display_name.c_str());
     capture_arguments(*stack, traits, call->args);
+    for (const at::Tensor& t : new_results) {
+      call->results.emplace_back(t);
+    }
     for (const auto& [i, draw] : call->draws) {
       call->args.args[i] = c10::IValue();
     }
