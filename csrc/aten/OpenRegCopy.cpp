@@ -129,7 +129,7 @@ at::Tensor OpenRegNativeFunctions::_copy_from(const at::Tensor& self,
                        try_staged_h2d_copy(self, dst, device))) {
     return dst;
   }
-  if (is_openreg(self) && is_openreg(dst) &&
+  if (host_kernels_supported() && is_openreg(self) && is_openreg(dst) &&
       self.device().index() == dst.device().index() &&
       !self.storage().is_alias_of(dst.storage()) &&
       at::is_expandable_to(self.sizes(), dst.sizes()) &&

@@ -7,7 +7,12 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
 
+#include <cstring>
+#include <memory>
+
 #include "core/OpenRegException.h"
+#include "core/OpenRegFunctions.h"
+#include "core/OpenRegStream.h"
 #include "memory/OpenRegMemcpy.h"
 
 namespace openreg {
@@ -65,17 +70,72 @@ KernelViews::Entry& KernelViews::entry(const void* key,
     }
   }
   void* base = nullptr;
-  if (data != nullptr) {
-    OPENREG_CHECK(orGetKernelPointer(&base, data));
-  }
   // Non-owning: the device memory outlives the kernel (stream order).
-  c10::DataPtr cpu_data(base, c10::Device(c10::DeviceType::CPU));
+  c10::DataPtr cpu_data(nullptr, c10::Device(c10::DeviceType::CPU));
+  const bool staged = data != nullptr && !host_kernels_supported();
+  if (staged) {
+    // See "staged-views" in the header: a host copy, owned by the view.
+    cpu_data = c10::GetCPUAllocator()->allocate(nbytes);
+    base = cpu_data.get();
+    memcpy_blocking(base, data, nbytes, orMemcpyDeviceToHost,
+                    getCurrentStream(device_of_pointer(data)));
+  } else if (data != nullptr) {
+    OPENREG_CHECK(orGetKernelPointer(&base, data));
+    cpu_data = c10::DataPtr(base, c10::Device(c10::DeviceType::CPU));
+  }
   c10::Storage cpu_storage(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), nbytes, std::move(cpu_data), nullptr,
       false));
+  if (staged && StagedKernelScope::current() != nullptr) {
+    StagedKernelScope::current()->add(data, cpu_storage);
+  }
   entries_.push_back({key, storage != nullptr ? *storage : c10::Storage(),
-                      std::move(cpu_storage), base});
+                      std::move(cpu_storage), base, data, nbytes, staged});
   return entries_.back();
+}
+
+namespace {
+thread_local StagedKernelScope* t_staged_scope = nullptr;
+}  // namespace
+
+StagedKernelScope::StagedKernelScope() : previous_(t_staged_scope) {
+  t_staged_scope = this;
+}
+
+StagedKernelScope::~StagedKernelScope() { t_staged_scope = previous_; }
+
+StagedKernelScope* StagedKernelScope::current() { return t_staged_scope; }
+
+void StagedKernelScope::add(const void* device_data, const c10::Storage& cpu) {
+  const size_t n = cpu.nbytes();
+  auto original = std::make_unique<char[]>(n);
+  std::memcpy(original.get(), cpu.data(), n);
+  staged_.push_back({device_data, cpu, cpu.data(), std::move(original)});
+}
+
+void StagedKernelScope::write_back_changed() {
+  for (const Staged& s : staged_) {
+    const size_t n = s.cpu.nbytes();
+    if (s.cpu.data() == s.base &&
+        std::memcmp(s.base, s.original.get(), n) != 0) {
+      memcpy_blocking(const_cast<void*>(s.device_data), s.base, n,
+                      orMemcpyHostToDevice,
+                      getCurrentStream(device_of_pointer(s.device_data)));
+    }
+  }
+  staged_.clear();
+}
+
+void KernelViews::write_back(const at::Tensor& dev) {
+  const void* key = dev.storage().unsafeGetStorageImpl();
+  for (const Entry& e : entries_) {
+    if (e.device == key && e.staged && e.cpu_storage.data() == e.base) {
+      memcpy_blocking(const_cast<void*>(e.device_data), e.base, e.nbytes,
+                      orMemcpyHostToDevice,
+                      getCurrentStream(device_of_pointer(e.device_data)));
+      return;
+    }
+  }
 }
 
 at::Tensor KernelViews::view(const at::Tensor& t, bool resizable) {

@@ -11,7 +11,9 @@
 #include <c10/core/Stream.h>
 #include <c10/util/SmallVector.h>
 
+#include <memory>
 #include <utility>
+#include <vector>
 
 namespace openreg {
 
@@ -48,6 +50,16 @@ struct DeviceTensorRef {
 // so PyTorch's overlap checks see the aliasing exactly as on the CPU. A view
 // made `resizable` (an out= argument) may be grown by the kernel: it then
 // moves to host memory and the caller must copy it back.
+//
+// [doc:staged-views]
+// Staged views: when the driver gives no kernel pointers (its devices run in
+// their own processes, host_kernels_supported() is false), a view is a CPU
+// tensor over a host copy of the device storage, copied in (ordered on the
+// current stream) when the storage is first seen. A kernel that writes
+// device tensors must then call write_back() for each of them once it has
+// run: what PyTorch's cpu_fallback does for a real device, storage by
+// storage so that views and aliasing stay as on the device.
+// [/doc:staged-views]
 class KernelViews {
  public:
   at::Tensor view(const at::Tensor& t, bool resizable = false);
@@ -63,12 +75,22 @@ class KernelViews {
   // nullptr if it is none of this launch's.
   const c10::Storage* device_storage_of(const at::Tensor& cpu) const;
 
+  // Staged views only: copies the host copy of `dev`'s storage back into
+  // device memory (ordered on the current stream), unless the kernel
+  // resized it (moved: the caller copies it, see sync_tensor). Does nothing
+  // for kernel views, which are device memory, or for a storage this launch
+  // has not seen.
+  void write_back(const at::Tensor& dev);
+
  private:
   struct Entry {
     const void* device;           // key: the device StorageImpl
     c10::Storage device_storage;  // undefined for a DeviceTensorRef's
     c10::Storage cpu_storage;
-    void* base;  // kernel address the CPU storage started at
+    void* base;               // kernel address the CPU storage started at
+    const void* device_data;  // device address of the storage's first byte
+    size_t nbytes;
+    bool staged;  // `base` is a host copy (staged views)
   };
   Entry& entry(const void* key, const c10::Storage* storage, const void* data,
                size_t nbytes);
@@ -76,6 +98,40 @@ class KernelViews {
   // One view per device TensorImpl or DeviceTensorRef.
   c10::SmallVector<std::pair<const void*, at::Tensor>, 4> views_;
 };
+
+// [doc:staged-kernels]
+// A kernel run staged (launch_async and run_sync when the driver runs named
+// kernels only, aten/OpenRegLaunch.cpp): while the scope is alive on the
+// calling thread, every storage a KernelViews stages is also kept here with
+// a copy of its bytes as they arrived; write_back_changed() then copies the
+// storages whose bytes the kernel changed back into device memory. Kernels
+// that are not named kernels yet (openreg's own: dropout, attention, RNN
+// cells, copies, custom ops) so run on any driver, synchronously; counted as
+// "staged" in torch.openreg._launch_stats().
+class StagedKernelScope {
+ public:
+  StagedKernelScope();
+  ~StagedKernelScope();
+  StagedKernelScope(const StagedKernelScope&) = delete;
+  StagedKernelScope& operator=(const StagedKernelScope&) = delete;
+
+  void write_back_changed();
+  // The scope alive on this thread, or nullptr.
+  static StagedKernelScope* current();
+  // Called by KernelViews for each storage it stages.
+  void add(const void* device_data, const c10::Storage& cpu);
+
+ private:
+  struct Staged {
+    const void* device_data;
+    c10::Storage cpu;  // keeps the host copy alive after its KernelViews
+    const void* base;
+    std::unique_ptr<char[]> original;
+  };
+  std::vector<Staged> staged_;
+  StagedKernelScope* previous_;
+};
+// [/doc:staged-kernels]
 
 // A device tensor over the same memory and metadata as `t` that does not own
 // the memory (what an asynchronous kernel captures).

@@ -30,8 +30,10 @@
 #include <thread>
 #include <utility>
 
+#include "aten/OpenRegKernelView.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
+#include "core/OpenRegFunctions.h"
 #include "core/OpenRegKernelTask.h"
 #include "core/OpenRegLaunchStats.h"
 #include "core/OpenRegStream.h"
@@ -204,6 +206,17 @@ void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
                                       "' failed on the device: " + *failure);
     }
   }
+  if (!host_kernels_supported()) {
+    // The device runs named kernels only (OPENREG_DRIVER=process): the
+    // kernel runs here, on the calling thread, over tensors staged through
+    // host memory ("staged-kernels" in aten/OpenRegKernelView.h), as a real
+    // device's CPU fallback does.
+    const profiler::InlineKernel trace(device);
+    StagedKernelScope staged;
+    kernel();
+    staged.write_back_changed();
+    return;
+  }
   const profiler::InlineKernel trace(device);
   SyncCall call{kernel,
                 thread_cap(elements),
@@ -236,6 +249,12 @@ bool launch_blocking() {
 // [doc:launch-async]
 void launch_async(c10::DeviceIndex device, const std::string& op,
                   KernelBody kernel, int64_t elements) {
+  if (!host_kernels_supported()) {
+    // Not a named kernel yet: it runs staged, synchronously (run_sync).
+    stats::count_op(stats::kStaged, op.c_str());
+    run_sync(device, kernel, elements, op.c_str());
+    return;
+  }
   OpenRegStream stream = getCurrentStream(device);
   if (launch_blocking()) {
     run_sync(device, kernel, elements, op.c_str());
@@ -268,5 +287,22 @@ void launch_async(c10::DeviceIndex device, const std::string& op,
 }
 
 // [/doc:launch-async]
+
+// [doc:launch-function]
+void launch_function(c10::DeviceIndex device, orFunction_t function,
+                     const void* params, size_t bytes, int64_t elements) {
+  faults::check_not_poisoned(device);
+  OpenRegStream stream = getCurrentStream(device);
+  reclaim_finished_tasks();
+  orLaunchAttributes attrs{};
+  attrs.hostThreads = thread_cap(elements);
+  stats::count(stats::kLaunches);
+  OPENREG_CHECK(
+      orLaunchFunction(stream.native(), function, params, bytes, &attrs));
+  if (launch_blocking()) {
+    stream.synchronize();  // raises the kernel's failure now, naming it
+  }
+}
+// [/doc:launch-function]
 
 }  // namespace openreg

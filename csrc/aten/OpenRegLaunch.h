@@ -29,7 +29,9 @@
 
 #include <c10/core/Device.h>
 #include <c10/util/FunctionRef.h>
+#include <openreg.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -42,6 +44,16 @@ void launch_async(c10::DeviceIndex device, const std::string& op,
 
 void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
               int64_t elements = -1, const char* op = nullptr);
+
+// launch_function() enqueues the named kernel `function` (a kernel of the
+// kernel library, core/OpenRegNamedKernels.h) with `bytes` of parameters on
+// the current stream of `device` and returns; the bytes are copied at the
+// call. It is the launch of a device with its own memory: nothing of the
+// host crosses but the bytes, so it is the only launch the process driver
+// runs. A failure the kernel reports is raised at the next synchronization
+// with the kernel's message. `elements` as for launch_async.
+void launch_function(c10::DeviceIndex device, orFunction_t function,
+                     const void* params, size_t bytes, int64_t elements = -1);
 
 // The most threads a kernel whose largest tensor argument has `elements`
 // elements (-1: unknown) may use (see "worker-threads" in OpenRegLaunch.cpp).

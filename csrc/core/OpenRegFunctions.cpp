@@ -14,6 +14,7 @@ namespace {
 // [doc:lazy-init]
 std::atomic<bool> g_initialized{false};
 std::atomic<bool> g_bad_fork{false};
+std::atomic<bool> g_host_kernels{true};
 
 void on_fork_child() {
   if (g_initialized.load()) {
@@ -27,6 +28,10 @@ bool is_in_bad_fork() noexcept { return g_bad_fork.load(); }
 
 bool is_initialized() noexcept { return g_initialized.load(); }
 
+bool host_kernels_supported() noexcept {
+  return g_host_kernels.load(std::memory_order_acquire);
+}
+
 void lazy_init() {
   TORCH_CHECK(!is_in_bad_fork(),
               "Cannot re-initialize openreg in forked subprocess. To use "
@@ -38,19 +43,16 @@ void lazy_init() {
   static std::once_flag once;
   std::call_once(once, [] {
     OPENREG_CHECK(orInit());
-    // This layer launches its kernels as host functions (orLaunchKernelEx),
-    // which a driver whose devices run in their own processes refuses
-    // (OPENREG_DRIVER=process runs named kernels only, orLaunchFunction):
-    // say so here rather than at the first operator.
+    // Does the driver run host closures? A driver whose devices run in
+    // their own processes (OPENREG_DRIVER=process) runs named kernels only.
     orLaunchAttributes single{};
     single.hostThreads = 1;
-    const orError_t probe = orLaunchKernelEx(
+    orError_t probe = orLaunchKernelEx(
         nullptr, [](void*) { return 0; }, nullptr, &single);
-    TORCH_CHECK(probe != orErrorNotSupported,
-                "openreg: the driver runs named kernels only (is "
-                "OPENREG_DRIVER=process set?); the PyTorch layer does not "
-                "launch through orLaunchFunction yet (docs/process-driver.md). "
-                "Use OPENREG_DRIVER=thread, the default.");
+    if (probe == orErrorNotSupported) {
+      g_host_kernels.store(false, std::memory_order_release);
+      probe = orSuccess;
+    }
     OPENREG_CHECK(probe);
     pthread_atfork(nullptr, nullptr, on_fork_child);
     g_initialized.store(true, std::memory_order_release);

@@ -37,6 +37,19 @@ bool is_initialized() noexcept;
 // True in a child forked after initialisation.
 bool is_in_bad_fork() noexcept;
 
+// [doc:host-kernels]
+// True when the driver runs host closures as kernels (orLaunchKernelEx) and
+// gives kernel pointers to device memory (orGetKernelPointer): the thread
+// driver, whose devices live in this process. False under a driver whose
+// devices run in their own processes (OPENREG_DRIVER=process), which runs
+// named kernels only (orLaunchFunction): then a queued fallback call goes to
+// the device as a serialized boxed call, a synchronous one stages its tensors
+// through host memory (aten/OpenRegKernelView.h), and kernels not yet ported
+// to named kernels raise NotImplementedError (docs/process-driver.md).
+// Known once the runtime is initialised (lazy_init).
+bool host_kernels_supported() noexcept;
+// [/doc:host-kernels]
+
 // torch.openreg.set_sync_debug_mode, as CUDA's: 0 (default) lets host
 // synchronizations pass silently, 1 warns, 2 raises. Thread-safe.
 void set_sync_debug_mode(int mode);

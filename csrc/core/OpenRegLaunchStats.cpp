@@ -14,6 +14,7 @@ struct ByOp {
   std::map<std::string, int64_t> synchronous;
   std::map<std::string, int64_t> learned;
   std::map<std::string, int64_t> captured;
+  std::map<std::string, int64_t> staged;
 };
 
 ByOp& by_op() {
@@ -31,10 +32,10 @@ void count_op(Counter counter, const char* op) {
   count(counter);
   ByOp& maps = by_op();
   std::lock_guard<std::mutex> lock(maps.mu);
-  std::map<std::string, int64_t>& map = counter == kLearned ? maps.learned
-                                        : counter == kCaptured
-                                            ? maps.captured
-                                            : maps.synchronous;
+  std::map<std::string, int64_t>& map = counter == kLearned    ? maps.learned
+                                        : counter == kCaptured ? maps.captured
+                                        : counter == kStaged   ? maps.staged
+                                                             : maps.synchronous;
   ++map[op];
 }
 
@@ -48,6 +49,7 @@ Snapshot snapshot() {
   s.synchronous_by_op = maps.synchronous;
   s.learned_by_op = maps.learned;
   s.captured_by_op = maps.captured;
+  s.staged_by_op = maps.staged;
   return s;
 }
 
@@ -60,6 +62,7 @@ void reset() {
   maps.synchronous.clear();
   maps.learned.clear();
   maps.captured.clear();
+  maps.staged.clear();
 }
 
 }  // namespace openreg::stats

@@ -19,12 +19,13 @@ enum Counter : int {
   kLaunches = 3,     // tasks launched on streams (kernels, copies, fills)
   kHostWaits = 4,    // host waits for a stream, device or event
   kCaptured = 5,     // queued calls captured as host objects, not as bytes
-  kCounterCount = 6,
+  kStaged = 6,       // host kernels run staged (a driver of named kernels)
+  kCounterCount = 7,
 };
 
 void count(Counter counter);
-// count() plus the operator's name, for kSynchronous, kLearned and
-// kCaptured.
+// count() plus the operator's name, for kSynchronous, kLearned, kCaptured
+// and kStaged.
 void count_op(Counter counter, const char* op);
 
 struct Snapshot {
@@ -32,6 +33,7 @@ struct Snapshot {
   std::map<std::string, int64_t> synchronous_by_op;
   std::map<std::string, int64_t> learned_by_op;
   std::map<std::string, int64_t> captured_by_op;
+  std::map<std::string, int64_t> staged_by_op;
 };
 Snapshot snapshot();
 void reset();

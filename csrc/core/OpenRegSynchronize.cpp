@@ -92,6 +92,24 @@ void raise_deferred(orError_t err, orStream_t stream, c10::DeviceIndex device) {
       }
     }
   }
+  if (msg.empty()) {
+    // A named kernel (orLaunchFunction) reports its failure to the driver,
+    // which keeps the message for the stream.
+    auto ask = [&msg](orStream_t s) {
+      char text[2048] = {};
+      if (orStreamGetErrorMessage(s, text, sizeof(text)) == orSuccess &&
+          text[0] != '\0') {
+        msg += (msg.empty() ? "" : "\n") + std::string(text);
+      }
+    };
+    if (stream != nullptr) {
+      ask(stream);
+    } else {
+      for (orStream_t s : device_streams(device)) {
+        ask(s);
+      }
+    }
+  }
   // As CUDA reports a kernel's failure (torch.AcceleratorError).
   faults::surfaced(device, stream != nullptr ? "a stream synchronization"
                                              : "a device synchronization");

@@ -31,6 +31,12 @@ at::Tensor gloo_alias(const at::Tensor& t) {
   if (!is_openreg(t)) {
     return t;
   }
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      host_kernels_supported(),
+      "openreg: collectives cannot reach device memory yet with a driver "
+      "that runs named kernels only (OPENREG_DRIVER=process; "
+      "docs/process-driver.md, step 5); use OPENREG_DRIVER=thread, the "
+      "default");
   const c10::Storage& storage = t.storage();
   void* base = kernel_base(storage);
   auto* keep = new c10::Storage(storage);

@@ -7,6 +7,7 @@
 
 #include "aten/OpenRegLaunch.h"
 #include "core/OpenRegException.h"
+#include "core/OpenRegFunctions.h"
 
 namespace openreg::inductor {
 
@@ -54,6 +55,11 @@ void launch_compiled_kernel(c10::DeviceIndex device, const std::string& name,
   // The launch as an operator of its own in the profiler (compiled kernels
   // are called from the generated wrapper, not through the dispatcher).
   RECORD_FUNCTION(name, std::vector<c10::IValue>());
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      host_kernels_supported(), "openreg: Inductor's compiled kernel ", name,
+      " cannot run yet with a driver that runs named kernels only "
+      "(OPENREG_DRIVER=process; docs/process-driver.md, step 5); use "
+      "OPENREG_DRIVER=thread, the default");
   launch_async(device, name, [entry, args = std::move(args)] {
     run_compiled_kernel(entry, args);
   });

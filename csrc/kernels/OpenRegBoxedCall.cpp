@@ -340,4 +340,21 @@ void run_boxed_call(const void* bytes, size_t size, Translate translate) {
   Decoder(bytes, size, translate).run();
 }
 
+std::string boxed_call_name(const void* bytes, size_t size) {
+  call::CallHeader h{};
+  if (bytes == nullptr || size < sizeof(h)) {
+    return "";
+  }
+  std::memcpy(&h, bytes, sizeof(h));
+  if (size < sizeof(h) + size_t{h.name_len} + h.overload_len) {
+    return "";
+  }
+  const char* text = static_cast<const char*>(bytes) + sizeof(h);
+  std::string name(text, h.name_len);
+  if (h.overload_len > 0) {
+    name.append(".").append(text + h.name_len, h.overload_len);
+  }
+  return name;
+}
+
 }  // namespace openreg

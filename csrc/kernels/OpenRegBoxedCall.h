@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace openreg {
 
@@ -23,5 +24,9 @@ struct Translate {
 // Runs the call in `bytes`. Throws (c10::Error, std::runtime_error) what the
 // CPU kernel throws, and on a malformed call.
 void run_boxed_call(const void* bytes, size_t size, Translate translate);
+
+// The operator the call in `bytes` names, as "aten::add.out" ("" if the
+// bytes are too short to say): how a failure on the device names its op.
+std::string boxed_call_name(const void* bytes, size_t size);
 
 }  // namespace openreg

@@ -10,6 +10,8 @@
 #include <openreg.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -55,17 +57,49 @@ class KernelThreads {
 }  // namespace
 
 // A serialized boxed call (kernels/OpenRegCallFormat.h). What the CPU
-// kernel throws becomes the launch's error message.
+// kernel throws becomes the launch's error message, naming the operator as
+// the host's deferred errors do.
 extern "C" __attribute__((visibility("default"))) int openreg_boxed_call(
     const void* params, size_t bytes, orKernelContext* ctx) {
+  std::string what;
   try {
     const KernelThreads threads(params, bytes);
     openreg::run_boxed_call(params, bytes, {&translate, ctx});
     return 0;
   } catch (const c10::Error& e) {
-    ctx->report_error(ctx, e.what_without_backtrace());
+    what = e.what_without_backtrace();
   } catch (const std::exception& e) {
-    ctx->report_error(ctx, e.what());
+    what = e.what();
   }
+  const std::string message = "openreg kernel '" +
+                              openreg::boxed_call_name(params, bytes) +
+                              "' failed on the device: " + what;
+  ctx->report_error(ctx, message.c_str());
   return 1;
 }
+
+// [doc:crash-kernel]
+// A kernel that crashes the device on purpose, for tests of a lost device
+// (torch.openreg.faults.crash_device): params is one int32, 1 to write
+// through a null pointer (SIGSEGV), 2 to abort (SIGABRT). Only a device in a
+// process of its own may run it: in the thread driver it would end the
+// user's program, which is what the process driver exists to prevent, so
+// the host refuses to launch it there.
+extern "C" __attribute__((visibility("default"))) int openreg_fault_crash(
+    const void* params, size_t bytes, orKernelContext* ctx) {
+  int32_t how = 0;
+  if (bytes == sizeof(how)) {
+    std::memcpy(&how, params, sizeof(how));
+  }
+  if (how == 1) {
+    volatile int* null = nullptr;
+    *null = 1;
+  } else if (how == 2) {
+    std::abort();
+  }
+  ctx->report_error(ctx,
+                    "openreg_fault_crash: params must be one int32, "
+                    "1 (segfault) or 2 (abort)");
+  return 1;
+}
+// [/doc:crash-kernel]

@@ -13,12 +13,14 @@
 #include <sstream>
 #include <vector>
 
+#include "aten/OpenRegLaunch.h"
 #include "aten/fallback/OpenRegFallback.h"
 #include "aten/fallback/OpenRegFallbackLog.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegLaunchStats.h"
+#include "core/OpenRegNamedKernels.h"
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
 #include "distributed/OpenRegProcessGroup.h"
@@ -358,6 +360,8 @@ PYBIND11_MODULE(_C, m) {
         out["learned_by_op"] = s.learned_by_op;
         out["captured"] = s.counters[stats::kCaptured];
         out["captured_by_op"] = s.captured_by_op;
+        out["staged"] = s.counters[stats::kStaged];
+        out["staged_by_op"] = s.staged_by_op;
         return out;
       },
       "How operators ran since the last reset (core/OpenRegLaunchStats.h).");
@@ -420,6 +424,30 @@ PYBIND11_MODULE(_C, m) {
         }
       },
       py::arg("device"), py::arg("reason"));
+  m.def("_named_kernels_only", [] {
+    lazy_init();
+    return !host_kernels_supported();
+  });
+  m.def(
+      "_crash_device",
+      [](int device, int how) {
+        lazy_init();
+        check_device_index(static_cast<c10::DeviceIndex>(device));
+        TORCH_CHECK(!host_kernels_supported(),
+                    "crash_device needs a device in a process of its own "
+                    "(OPENREG_DRIVER=process): with the thread driver the "
+                    "device runs in this process, and a crashing kernel would "
+                    "end it. Use torch.openreg.faults.lose_device instead.");
+        TORCH_CHECK(how == 1 || how == 2,
+                    "how must be 1 (segfault) or 2 "
+                    "(abort), got ",
+                    how);
+        const int32_t params = how;
+        launch_function(static_cast<c10::DeviceIndex>(device),
+                        named_kernel(NamedKernel::kCrash), &params,
+                        sizeof(params));
+      },
+      py::arg("device"), py::arg("how"));
   // [doc:c10d-binding]
   m.def(
       "_create_orccl_backend",

@@ -22,9 +22,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "process_internal.h"
@@ -166,7 +168,38 @@ void watch(ProcessDevice* pd, std::promise<int> spawned) {
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   mark_lost(*pd, status);
+  pd->reaped.store(true, std::memory_order_release);
 }
+
+// [doc:exit-reaping]
+// At the normal exit of the user's process (exit(), a return from main,
+// Python's interpreter exit), its device processes end with it and are
+// reaped here: PR_SET_PDEATHSIG would kill them too, but as orphans whose
+// status only init collects, and an init that does not reap (a container's)
+// keeps them as zombies. A process that is killed, or ends with _exit,
+// leaves them to PR_SET_PDEATHSIG and init. A child forked from the user's
+// process inherits this handler, and must not end its parent's devices.
+std::vector<ProcessDevice*> g_exit_devices;
+pid_t g_owner = -1;
+
+void end_device_processes() {
+  if (getpid() != g_owner) {
+    return;
+  }
+  for (ProcessDevice* pd : g_exit_devices) {
+    if (pd->pid > 0 && !pd->reaped.load()) {
+      pd->kill_requested.store(true);
+      kill(pd->pid, SIGKILL);
+    }
+  }
+  const auto until = Clock::now() + std::chrono::seconds(2);
+  for (ProcessDevice* pd : g_exit_devices) {
+    while (pd->pid > 0 && !pd->reaped.load() && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+}
+// [/doc:exit-reaping]
 
 orError_t create_file(const char* name, size_t bytes, int* fd) {
   *fd = memfd_create(name, MFD_CLOEXEC);
@@ -263,6 +296,11 @@ orError_t start(Runtime* rt, size_t pinned_capacity) {
         std::thread(watch, dev->process, std::move(promise));
     dev->process->watcher.detach();
   }
+  g_owner = getpid();
+  for (auto& dev : rt->devices) {
+    g_exit_devices.push_back(dev->process);
+  }
+  std::atexit(end_device_processes);
   orError_t result = orSuccess;
   for (size_t d = 0; d < spawned.size(); ++d) {
     if (spawned[d].get() < 0) {

@@ -55,7 +55,8 @@ struct ProcessDevice {
   std::mutex rings_mu;    // guards ring_used
   bool ring_used[openreg_proc::kMaxStreams] = {};
   std::atomic<bool> kill_requested{false};
-  std::vector<int> arena_fds;  // every device's, passed to the process
+  std::atomic<bool> reaped{false};  // the watcher has collected its status
+  std::vector<int> arena_fds;       // every device's, passed to the process
 };
 
 inline ProcessDevice& of(const Device* dev) { return *dev->process; }

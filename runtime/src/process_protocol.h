@@ -32,7 +32,7 @@ namespace openreg_proc {
 
 constexpr uint32_t kMagic = 0x6f726770;  // "orgp"
 constexpr int kMaxDevices = 16;
-constexpr int kMaxStreams = 64;  // per device, the default stream included
+constexpr int kMaxStreams = 128;  // per device, the default stream included
 constexpr uint32_t kRingSlots = 64;
 constexpr int kMaxModules = 256;
 constexpr int kMaxFunctions = 4096;

@@ -90,10 +90,19 @@ def _launch_stats() -> dict:
     """How operators ran since the last reset: queued on a stream, run
     synchronously, run synchronously to learn their signature, queued as
     captured host objects instead of serialized calls (the format cannot
-    carry them, or ``OPENREG_SERIALIZED_CALLS=0``), with the operators of
-    the last three; tasks launched, and host waits. A profiling aid
+    carry them, or ``OPENREG_SERIALIZED_CALLS=0``), openreg kernels run
+    staged on the host because the driver runs named kernels only and they
+    are not named kernels yet, with the operators of the last four; tasks
+    launched, and host waits. A profiling aid
     (benchmarks/bench_loops.py --breakdown), not a stable API."""
     return _C._launch_stats()
+
+
+def _named_kernels_only() -> bool:
+    """True when the driver runs named kernels only: each device in a process
+    of its own (``OPENREG_DRIVER=process``, docs/process-driver.md). Kernels
+    not yet ported to named kernels then raise NotImplementedError."""
+    return _C._named_kernels_only()
 
 
 def _reset_launch_stats() -> None:

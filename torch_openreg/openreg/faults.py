@@ -16,6 +16,9 @@ the same path, so a test exercises the program's own error handling:
 - ``lose_device(device)``: the device is lost, as after a hardware fault:
   its queued work is dropped and every call that uses it raises
   ``torch.AcceleratorError``; other devices keep working.
+- ``crash_device(device, how="segfault")``: a kernel crashes the device's
+  process (``OPENREG_DRIVER=process`` only): the device is lost as above,
+  and the reason names the signal and the kernel.
 - ``delay_kernels(device=None, stream=None, max_us=1000, seed=0)``: kernels
   start late by seeded random amounts: a missing ``wait_stream``,
   ``record_stream`` or event wait then gives wrong values reproducibly.
@@ -42,6 +45,7 @@ from torch_openreg import _C
 __all__ = [
     "Fault",
     "clear",
+    "crash_device",
     "delay_kernels",
     "fail_allocation",
     "fail_collective",
@@ -115,6 +119,21 @@ def fail_kernel(
 def lose_device(device: Any, reason: str = "lost (torch.openreg.faults.lose_device)") -> None:
     """Makes ``device`` lost for the rest of the process (it cannot be undone)."""
     _C._lose_device(_index(device), reason)
+
+
+def crash_device(device: Any, how: str = "segfault") -> None:
+    """Launches a kernel that crashes ``device``'s process (``how``: "segfault",
+    a write through a null pointer, or "abort"), as a faulty kernel would.
+
+    Needs ``OPENREG_DRIVER=process``: the device is then lost (every call that
+    uses it raises ``torch.AcceleratorError`` naming the device, the signal and
+    the kernel) and the program goes on; other devices keep working. With the
+    thread driver the device runs in this process, so this raises instead of
+    crashing it (use :func:`lose_device`)."""
+    kinds = {"segfault": 1, "abort": 2}
+    if how not in kinds:
+        raise ValueError(f"how must be 'segfault' or 'abort', got {how!r}")
+    _C._crash_device(_index(device), kinds[how])
 
 
 def delay_kernels(

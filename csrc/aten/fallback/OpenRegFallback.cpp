@@ -47,6 +47,7 @@
 #include "aten/fallback/OpenRegLayouts.h"
 #include "aten/fallback/OpenRegOpTraits.h"
 #include "aten/fallback/OpenRegQueuedCall.h"
+#include "core/OpenRegFunctions.h"
 #include "core/OpenRegLaunchStats.h"
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegKernelScratch.h"
@@ -299,15 +300,30 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
     recorder.emplace();
     recording.emplace(&*recorder);
   }
+  // Staged views (a driver without kernel pointers): the kernel allocates
+  // host memory, and results are copied to the device after it.
+  const bool staged = !host_kernels_supported();
   run_sync(
       device.index(),
       [&] {
-        const KernelMemoryOnDevice on_device(stream, largest_arg);
+        std::optional<KernelMemoryOnDevice> on_device;
+        if (!staged) {
+          on_device.emplace(stream, largest_arg);
+        }
         at::AutoDispatchBelowADInplaceOrView below_autograd;
         op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
       },
       call_elements(originals), traits.display_name.c_str());
   recording.reset();
+  if (staged) {
+    for (size_t i = 0; i < num_args; ++i) {
+      if (traits.writes[i]) {
+        for_each_tensor(originals[i], [&](const at::Tensor& t) {
+          write_back_tensor(t, views);
+        });
+      }
+    }
+  }
 
   SyncRun run;
   if (learn) {

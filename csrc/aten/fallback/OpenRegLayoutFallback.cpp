@@ -48,6 +48,7 @@
 #include "aten/fallback/OpenRegIValue.h"
 #include "aten/fallback/OpenRegLayouts.h"
 #include "aten/fallback/OpenRegOpTraits.h"
+#include "core/OpenRegFunctions.h"
 #include "core/OpenRegStream.h"
 #include "memory/OpenRegKernelScratch.h"
 
@@ -129,7 +130,7 @@ void layout_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       device.index(),
       [&] {
         std::optional<KernelMemoryOnDevice> on_device;
-        if (!results_on_host) {
+        if (!results_on_host && host_kernels_supported()) {
           on_device.emplace(stream, largest);
         }
         at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -137,6 +138,7 @@ void layout_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       },
       -1, traits.display_name.c_str());
   for (size_t k = 0; k < written.size(); ++k) {
+    write_back_tensor(written[k].first, views);  // staged views only
     sync_tensor(written[k].first, written[k].second, views, bases[k]);
   }
   const size_t num_rets = traits.return_arg.size();

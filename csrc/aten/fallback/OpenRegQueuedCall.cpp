@@ -23,7 +23,9 @@
 #include "aten/fallback/OpenRegCallEncoder.h"
 #include "aten/fallback/OpenRegCapture.h"
 #include "core/OpenRegFreeList.h"
+#include "core/OpenRegFunctions.h"
 #include "core/OpenRegLaunchStats.h"
+#include "core/OpenRegNamedKernels.h"
 #include "kernels/OpenRegBoxedCall.h"
 #include "memory/OpenRegAllocator.h"
 #include "random/OpenRegGenerator.h"
@@ -247,7 +249,8 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
   }
   call->into_results = into_results;
   call->serialized = false;
-  if (serialized_calls()) {
+  const bool host_kernels = host_kernels_supported();
+  if (serialized_calls() || !host_kernels) {
     CallToEncode c;
     c.op = into_results ? &*traits.out_variant : &op;
     c.mode = into_results ? call::Mode::kIntoResults : call::Mode::kCopyResults;
@@ -260,6 +263,12 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
     call->serialized = encode_call(c, call->bytes);
   }
   if (!call->serialized) {
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        host_kernels, "openreg: the call of ", traits.display_name,
+        " cannot be written as bytes (a CPU tensor argument of more than ",
+        OR_MAX_KERNEL_PARAMS,
+        " bytes, a non-strided device tensor or a symbolic size), and the "
+        "driver runs named kernels only (OPENREG_DRIVER=process)");
     stats::count_op(stats::kCaptured, traits.display_name.c_str());
     capture_arguments(*stack, traits, call->args);
     for (const at::Tensor& t : new_results) {
@@ -269,9 +278,15 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
       call->args.args[i] = c10::IValue();
     }
   }
-  launch_async(
-      device.index(), traits.display_name,
-      [call = std::move(call)] { run_queued_kernel(*call); }, plan->elements);
+  if (host_kernels) {
+    launch_async(
+        device.index(), traits.display_name,
+        [call = std::move(call)] { run_queued_kernel(*call); }, plan->elements);
+  } else {
+    // The device runs the bytes itself (kernels/OpenRegKernelLibrary.cpp).
+    launch_function(device.index(), named_kernel(NamedKernel::kBoxedCall),
+                    call->bytes.data(), call->bytes.size(), plan->elements);
+  }
   torch::jit::drop(*stack, num_args);
   for (c10::IValue& r : results) {
     stack->push_back(std::move(r));

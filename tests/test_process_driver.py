@@ -1,0 +1,282 @@
+"""The PyTorch layer on the process driver (OPENREG_DRIVER=process, issue 29).
+
+Each device then runs in a process of its own: queued fallback calls cross
+to it as serialized boxed calls, synchronous ones stage their tensors
+through host memory, and a device whose process dies is lost without taking
+the program with it. Every test runs a fresh interpreter with that driver
+(the suite itself runs with the thread driver) and compares values with the
+CPU. Kernels not yet ported to named kernels raise NotImplementedError
+(docs/process-driver.md, "Where it stands").
+"""
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import clean_env, describe
+
+PROCESS = {"OPENREG_DRIVER": "process", "OPENREG_FALLBACK_WARNINGS": "0"}
+
+# Device ordinal -> pid of this process's device processes (their command
+# name is openreg-dev<N>).
+DEVICE_PIDS = """
+import os
+def device_pids(parent=None):
+    parent = os.getpid() if parent is None else parent
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if ppid == parent and comm.startswith("openreg-dev"):
+            found[int(comm[len("openreg-dev"):])] = int(entry)
+    return found
+"""
+
+
+def gone(pid, within_s=5.0, zombie_ok=False):
+    """True once ``pid`` no longer exists (reaped), within ``within_s``.
+
+    ``zombie_ok``: a dead process not yet reaped counts too. The devices of
+    a program that exits are reaped by the runtime; those of a program
+    killed with SIGKILL die with it (PR_SET_PDEATHSIG) as orphans, which
+    only init can reap, and a container's init may not.
+    """
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if zombie_ok and state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def last_json(proc):
+    assert proc.returncode == 0, describe(proc)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_values_match_the_cpu(py):
+    out = last_json(
+        py(
+            """
+            import json, torch, torch_openreg
+            torch.manual_seed(0)
+            d = "openreg"
+            a, b, m = torch.randn(6, 5), torch.randn(6, 5), torch.randn(5, 3)
+            x, y, w = a.to(d), b.to(d), m.to(d)
+            checks = {}
+            def check(name, dev, cpu, exact=False):
+                dev = dev.cpu()
+                ok = dev.shape == cpu.shape and dev.dtype == cpu.dtype and (
+                    torch.equal(dev, cpu) if exact else torch.allclose(dev, cpu, atol=1e-5))
+                checks[name] = bool(ok)
+            for i in range(3):  # the first call runs synchronously, later ones are queued
+                check(f"add{i}", x + y * 2, a + b * 2)
+                check(f"mm{i}", x @ w, a @ m)
+                check(f"softmax{i}", torch.softmax(x, 1), torch.softmax(a, 1))
+                check(f"sum{i}", x.sum(0), a.sum(0))
+            xi, ai = x.clone(), a.clone()
+            for i in range(3):
+                xi.mul_(1.5); ai.mul_(1.5)
+                xi[1:4, ::2].add_(1); ai[1:4, ::2].add_(1)
+            check("in_place_views", xi, ai, exact=True)
+            o, oc = torch.empty(0, device=d), torch.empty(0)
+            for i in range(2):
+                torch.add(x, y, out=o); torch.add(a, b, out=oc)
+            check("out_resized", o, oc, exact=True)
+            check("nonzero", (x > 0).nonzero(), (a > 0).nonzero(), exact=True)
+            check("masked_select", x[x > 0], a[a > 0], exact=True)
+            check("transpose_copy", x.t().contiguous(), a.t().contiguous(), exact=True)
+            e = torch.empty(5, 6, dtype=torch.float64, device=d)
+            e.copy_(x.t())
+            check("converting_copy", e, a.t().double(), exact=True)
+            check("cross_device", x.to("openreg:1").mul(2), a * 2, exact=True)
+            check("view_result", x.view(30)[3:9], a.view(30)[3:9], exact=True)
+            check("item", torch.tensor([x.sum().item()]), torch.tensor([a.sum().item()]))
+            g = torch.tensor([[0, 1], [4, 2]])
+            for i in range(2):
+                check(f"gather{i}", torch.gather(x, 1, g.to(d)), torch.gather(a, 1, g), exact=True)
+            stats = torch.openreg._launch_stats()
+            checks["queued"] = stats["queued"] > 0 and stats["captured"] == 0
+            checks["named_only"] = torch.openreg._named_kernels_only()
+            print(json.dumps(checks))
+            """,
+            **PROCESS,
+        )
+    )
+    assert out and all(out.values()), out
+
+
+def test_a_kernel_error_is_raised_at_the_next_synchronization_naming_the_op(py):
+    out = last_json(
+        py(
+            """
+            import json, torch, torch_openreg
+            a = torch.randn(4, 5)
+            x = a.to("openreg")
+            good, bad = torch.tensor([[0, 1]]), torch.tensor([[0, 30]])
+            torch.gather(x, 1, good.to("openreg"))  # learns the signature
+            torch.openreg.synchronize()
+            torch.gather(x, 1, bad.to("openreg"))  # queued: fails on the device
+            try:
+                torch.openreg.synchronize()
+                error = None
+            except torch.AcceleratorError as e:
+                error = str(e)
+            after = torch.equal((x + 1).cpu(), a + 1)
+            print(json.dumps({"error": error, "after": after}))
+            """,
+            **PROCESS,
+        )
+    )
+    assert "openreg kernel 'aten::gather" in out["error"], out
+    assert "index 30 is out of bounds" in out["error"], out
+    assert out["after"], out
+
+
+@pytest.mark.parametrize("how", ["kill", "segfault", "abort"])
+def test_a_dead_device_process_loses_its_device_and_not_the_program(py, how):
+    proc = py(
+        DEVICE_PIDS
+        + f"""
+import json, signal, sys, time, torch, torch_openreg
+how = {how!r}
+a = torch.randn(16, 16)
+x0, x1 = a.to("openreg:0"), a.to("openreg:1")
+(x1 + 1).cpu()
+pids = device_pids()
+if how == "kill":
+    os.kill(pids[1], signal.SIGKILL)
+else:
+    torch.openreg.faults.crash_device(1, how)
+errors = []
+for call in (lambda: (x1 * 2).cpu(), lambda: torch.openreg.synchronize(1),
+             lambda: torch.ones(3, device="openreg:1")):
+    try:
+        call()
+        errors.append(None)
+    except torch.AcceleratorError as e:
+        errors.append(str(e))
+ok0 = torch.allclose((x0 @ x0).cpu(), a @ a, atol=1e-4)
+print(json.dumps({{"pids": pids, "errors": errors, "ok0": ok0}}))
+sys.stdout.flush()
+""",
+        **PROCESS,
+    )
+    out = last_json(proc)  # exit code 0: the program went on and ended cleanly
+    signal_name = {"kill": "SIGKILL", "segfault": "SIGSEGV", "abort": "SIGABRT"}[how]
+    for error in out["errors"]:
+        assert error is not None and "openreg:1" in error and signal_name in error, out
+    if how != "kill":
+        assert "openreg_fault_crash" in out["errors"][0], out
+    assert out["ok0"], out
+    for pid in out["pids"].values():
+        assert gone(pid), f"device process {pid} outlived its program"
+
+
+def test_the_program_killed_leaves_no_device_process(tmp_path):
+    script = DEVICE_PIDS + textwrap.dedent(
+        """
+        import json, sys, time, torch, torch_openreg
+        (torch.ones(4, device="openreg:0") + 1).cpu()
+        (torch.ones(4, device="openreg:1") + 1).cpu()
+        print(json.dumps(device_pids()), flush=True)
+        time.sleep(60)
+        """
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=clean_env(**PROCESS),
+    )
+    try:
+        pids = json.loads(child.stdout.readline())
+        assert len(pids) == 2, pids
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        child.kill()
+        child.communicate(timeout=30)
+    for pid in pids.values():
+        assert gone(int(pid), zombie_ok=True), f"device process {pid} outlived its killed program"
+
+
+def test_openreg_kernels_run_staged_and_match_the_cpu(py):
+    """openreg's own kernels are not named kernels yet: with this driver
+    they run staged on the host (synchronously), with the CPU's values."""
+    out = last_json(
+        py(
+            """
+            import json, torch, torch_openreg
+            import torch.nn.functional as F
+            torch.manual_seed(0)
+            d = "openreg"
+            q, k, v = (torch.randn(2, 3, 8, 4) for _ in range(3))
+            checks = {}
+            sdpa = F.scaled_dot_product_attention(q.to(d), k.to(d), v.to(d), is_causal=True)
+            checks["attention"] = torch.allclose(
+                sdpa.cpu(), F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5)
+            x = torch.randn(64, 32)
+            y, mask = torch.ops.aten.native_dropout(x.to(d), 0.5, True)
+            mask = mask.cpu()
+            kept = int(mask.sum())
+            checks["dropout"] = torch.equal(y.cpu(), x * mask * 2.0) and 0 < kept < 64 * 32
+            xs = x.to(d)
+            xs[::2].copy_(xs[1::2])  # a same-device copy
+            xc = x.clone(); xc[::2].copy_(xc[1::2])
+            checks["copy"] = torch.equal(xs.cpu(), xc)
+            stats = torch.openreg._launch_stats()
+            staged = stats["staged_by_op"]
+            checks["staged"] = stats["staged"] > 0 and "aten::native_dropout" in staged
+            print(json.dumps(checks))
+            """,
+            **PROCESS,
+        )
+    )
+    assert out and all(out.values()), out
+
+
+def test_compiled_kernels_raise_a_clear_error(py):
+    out = last_json(
+        py(
+            """
+            import json, torch, torch_openreg
+            f = torch.compile(lambda x: torch.sin(x) * 2 + 1)
+            try:
+                f(torch.randn(8, device="openreg"))
+                error = None
+            except Exception as e:
+                error = type(e).__name__ + ": " + str(e)
+            print(json.dumps({"error": error}))
+            """,
+            timeout=300,
+            **PROCESS,
+        )
+    )
+    assert out["error"] and "OPENREG_DRIVER=process" in out["error"], out
+
+
+def test_crash_device_refuses_the_thread_driver():
+    import torch
+
+    with pytest.raises(RuntimeError, match="OPENREG_DRIVER=process"):
+        torch.openreg.faults.crash_device(0)
+    assert not torch.openreg._named_kernels_only()
