@@ -90,7 +90,7 @@ KernelViews::Entry& KernelViews::entry(const void* key,
     StagedKernelScope::current()->add(data, cpu_storage);
   }
   entries_.push_back({key, storage != nullptr ? *storage : c10::Storage(),
-                      std::move(cpu_storage), base, data, nbytes, staged});
+                      std::move(cpu_storage), base});
   return entries_.back();
 }
 
@@ -124,18 +124,6 @@ void StagedKernelScope::write_back_changed() {
     }
   }
   staged_.clear();
-}
-
-void KernelViews::write_back(const at::Tensor& dev) {
-  const void* key = dev.storage().unsafeGetStorageImpl();
-  for (const Entry& e : entries_) {
-    if (e.device == key && e.staged && e.cpu_storage.data() == e.base) {
-      memcpy_blocking(const_cast<void*>(e.device_data), e.base, e.nbytes,
-                      orMemcpyHostToDevice,
-                      getCurrentStream(device_of_pointer(e.device_data)));
-      return;
-    }
-  }
 }
 
 at::Tensor KernelViews::view(const at::Tensor& t, bool resizable) {

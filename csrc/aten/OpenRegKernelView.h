@@ -55,10 +55,10 @@ struct DeviceTensorRef {
 // Staged views: when the driver gives no kernel pointers (its devices run in
 // their own processes, host_kernels_supported() is false), a view is a CPU
 // tensor over a host copy of the device storage, copied in (ordered on the
-// current stream) when the storage is first seen. A kernel that writes
-// device tensors must then call write_back() for each of them once it has
-// run: what PyTorch's cpu_fallback does for a real device, storage by
-// storage so that views and aliasing stay as on the device.
+// current stream) when the storage is first seen, and copied back if the
+// kernel changed it (StagedKernelScope below, which must be alive when the
+// views are made): what PyTorch's cpu_fallback does for a real device,
+// storage by storage so that views and aliasing stay as on the device.
 // [/doc:staged-views]
 class KernelViews {
  public:
@@ -75,22 +75,12 @@ class KernelViews {
   // nullptr if it is none of this launch's.
   const c10::Storage* device_storage_of(const at::Tensor& cpu) const;
 
-  // Staged views only: copies the host copy of `dev`'s storage back into
-  // device memory (ordered on the current stream), unless the kernel
-  // resized it (moved: the caller copies it, see sync_tensor). Does nothing
-  // for kernel views, which are device memory, or for a storage this launch
-  // has not seen.
-  void write_back(const at::Tensor& dev);
-
  private:
   struct Entry {
     const void* device;           // key: the device StorageImpl
     c10::Storage device_storage;  // undefined for a DeviceTensorRef's
     c10::Storage cpu_storage;
-    void* base;               // kernel address the CPU storage started at
-    const void* device_data;  // device address of the storage's first byte
-    size_t nbytes;
-    bool staged;  // `base` is a host copy (staged views)
+    void* base;  // kernel address the CPU storage started at
   };
   Entry& entry(const void* key, const c10::Storage* storage, const void* data,
                size_t nbytes);
@@ -101,10 +91,16 @@ class KernelViews {
 
 // [doc:staged-kernels]
 // A kernel run staged (launch_async and run_sync when the driver runs named
-// kernels only, aten/OpenRegLaunch.cpp): while the scope is alive on the
-// calling thread, every storage a KernelViews stages is also kept here with
-// a copy of its bytes as they arrived; write_back_changed() then copies the
-// storages whose bytes the kernel changed back into device memory. Kernels
+// kernels only, aten/OpenRegLaunch.cpp; the fallback's synchronous path):
+// while the scope is alive on the calling thread, every storage a
+// KernelViews stages is also kept here with a copy of its bytes as they
+// arrived; write_back_changed() then copies the storages whose bytes the
+// kernel changed back into device memory, skipping one the kernel resized
+// (it moved; the fallback's sync_tensor copies it). Changed bytes, not alias
+// annotations, decide: native_batch_norm writes its running statistics
+// without an annotation. A storage another stream writes during the kernel
+// would be overwritten with what it held before, a race on the device
+// too. Kernels
 // that are not named kernels yet (openreg's own: dropout, attention, RNN
 // cells, copies, custom ops) so run on any driver, synchronously; counted as
 // "staged" in torch.openreg._launch_stats().

@@ -239,6 +239,12 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
   const size_t first = stack->size() - num_args;
   // Keep the original arguments: in-place results return them.
   std::vector<c10::IValue> originals(stack->begin() + first, stack->end());
+  // Staged views (a driver without kernel pointers): what the kernel
+  // changes is copied back after it ("staged-kernels", OpenRegKernelView.h).
+  std::optional<StagedKernelScope> staged_scope;
+  if (!host_kernels_supported()) {
+    staged_scope.emplace();
+  }
   KernelViews views;
   struct Mutated {
     int arg;
@@ -300,9 +306,9 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
     recorder.emplace();
     recording.emplace(&*recorder);
   }
-  // Staged views (a driver without kernel pointers): the kernel allocates
-  // host memory, and results are copied to the device after it.
-  const bool staged = !host_kernels_supported();
+  // Staged: the kernel allocates host memory, and results are copied to
+  // the device after it.
+  const bool staged = staged_scope.has_value();
   run_sync(
       device.index(),
       [&] {
@@ -315,14 +321,8 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
       },
       call_elements(originals), traits.display_name.c_str());
   recording.reset();
-  if (staged) {
-    for (size_t i = 0; i < num_args; ++i) {
-      if (traits.writes[i]) {
-        for_each_tensor(originals[i], [&](const at::Tensor& t) {
-          write_back_tensor(t, views);
-        });
-      }
-    }
+  if (staged_scope) {
+    staged_scope->write_back_changed();
   }
 
   SyncRun run;

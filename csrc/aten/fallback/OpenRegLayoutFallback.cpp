@@ -95,6 +95,12 @@ void layout_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       largest = std::max(largest, largest_part(t));
     });
   }
+  // Staged views (a driver without kernel pointers): what the kernel
+  // changes is copied back after it ("staged-kernels", OpenRegKernelView.h).
+  std::optional<StagedKernelScope> staged_scope;
+  if (!host_kernels_supported()) {
+    staged_scope.emplace();
+  }
   KernelViews views;
   std::vector<std::pair<at::Tensor, at::Tensor>> written;  // device, CPU twin
   std::vector<void*> bases;
@@ -137,8 +143,10 @@ void layout_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         op.callBoxed(stack);  // the CPU kernel of the twins' layouts
       },
       -1, traits.display_name.c_str());
+  if (staged_scope) {
+    staged_scope->write_back_changed();
+  }
   for (size_t k = 0; k < written.size(); ++k) {
-    write_back_tensor(written[k].first, views);  // staged views only
     sync_tensor(written[k].first, written[k].second, views, bases[k]);
   }
   const size_t num_rets = traits.return_arg.size();

@@ -72,28 +72,6 @@ at::Tensor kernel_tensor(const at::Tensor& t, KernelViews& views) {
   return views.view(t);
 }
 
-void write_back_tensor(const at::Tensor& dev, KernelViews& views) {
-  if (!dev.defined() || dev.device().type() != c10::DeviceType::PrivateUse1) {
-    return;
-  }
-  const c10::Layout layout = dev.layout();
-  if (layout == c10::kSparse) {
-    views.write_back(dev._indices());
-    views.write_back(dev._values());
-  } else if (is_compressed(layout)) {
-    const at::SparseCsrTensorImpl* impl =
-        at::sparse_csr::get_sparse_csr_impl(dev);
-    views.write_back(impl->compressed_indices());
-    views.write_back(impl->plain_indices());
-    views.write_back(impl->values());
-  } else if (dev.is_nested()) {
-    views.write_back(at::native::get_nested_tensor_impl(dev)
-                         ->get_unsafe_storage_as_tensor());
-  } else {
-    views.write_back(dev);
-  }
-}
-
 at::Tensor device_tensor(const at::Tensor& cpu, const KernelViews& views,
                          c10::Device device) {
   if (!cpu.defined() || !cpu.device().is_cpu()) {

@@ -35,9 +35,4 @@ at::Tensor device_tensor(const at::Tensor& cpu, const KernelViews& views,
 void sync_tensor(const at::Tensor& dev, const at::Tensor& cpu,
                  const KernelViews& views, void* base);
 
-// After a kernel that wrote `dev` (an openreg tensor of any layout) through
-// staged views: copies the staged parts back to device memory
-// (KernelViews::write_back). Nothing to do for kernel views.
-void write_back_tensor(const at::Tensor& dev, KernelViews& views);
-
 }  // namespace openreg
