@@ -17,6 +17,9 @@
 #include <ATen/ThreadLocalState.h>
 #include <c10/util/Exception.h>
 #include <omp.h>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -108,6 +111,28 @@ class WorkerThreads {
   int previous_ = 0;
 };
 // [/doc:worker-threads]
+
+// The floating-point mode device kernels run in, set on the calling thread
+// while alive: denormals kept (torch.set_flush_denormal sets the calling
+// thread's mode; device kernels ignore it, as CUDA's do).
+class DeviceFloatMode {
+ public:
+#if defined(__x86_64__) || defined(_M_X64)
+  DeviceFloatMode() : saved_(_mm_getcsr()) {
+    _mm_setcsr(saved_ & ~(kFlushToZero | kDenormalsAreZero));
+  }
+  ~DeviceFloatMode() { _mm_setcsr(saved_); }
+
+ private:
+  static constexpr unsigned kFlushToZero = 0x8000;
+  static constexpr unsigned kDenormalsAreZero = 0x0040;
+  unsigned saved_;
+#else
+  DeviceFloatMode() = default;
+#endif
+  DeviceFloatMode(const DeviceFloatMode&) = delete;
+  DeviceFloatMode& operator=(const DeviceFloatMode&) = delete;
+};
 
 // Keeps the warnings a kernel raises on the worker for the next
 // synchronization, where the host raises them.
@@ -211,7 +236,12 @@ void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
     // kernel runs here, on the calling thread, over tensors staged through
     // host memory ("staged-kernels" in aten/OpenRegKernelView.h), as a real
     // device's CPU fallback does.
+    // As on a worker: the call's own thread count (identical calls, queued
+    // or not, split their reductions alike) and the device's floating-point
+    // mode, not the host thread's (torch.set_flush_denormal).
     const profiler::InlineKernel trace(device);
+    const WorkerThreads threads(thread_cap(elements));
+    const DeviceFloatMode float_mode;
     StagedKernelScope staged;
     kernel();
     staged.write_back_changed();
