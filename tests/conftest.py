@@ -10,6 +10,7 @@ Tests that need another configuration start a subprocess: ``run_python``
 
 import gc
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -173,6 +174,51 @@ def inductor_cache(inductor_cache_dir):
     with temporary_cache_dir(str(inductor_cache_dir)):
         yield inductor_cache_dir
     torch._dynamo.reset()
+
+
+# PyTorch's TCPStore listens on every interface, whatever address it is
+# given, and so do torchrun's agent and Lightning's DDP stores (torch 2.13:
+# `ss -ltnp` shows them on *:<port>). Tests whose children start a store run
+# them in network and PID namespaces of their own (`unshare`, no privileges
+# needed): the only interface is the namespace's loopback, so nothing listens
+# beyond it and no port of another program can collide; and when the
+# launched interpreter ends or is killed at the timeout, the kernel ends every
+# process it started (a rank left waiting on a store cannot outlive its test
+# or hold its output pipes open). The prelude brings `lo` up (a new namespace
+# starts with it down), then execs Python with the arguments given.
+_OWN_NETWORK = ("unshare", "--net", "--pid", "--fork", "--kill-child", "--map-root-user")
+_LO_UP_THEN_EXEC = """
+import fcntl, os, socket, struct, sys
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+flags = struct.unpack("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH", b"lo", 0)))[1]
+fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | IFF_UP))
+os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+"""
+
+
+def run_in_own_network(args, cwd, timeout, **env):
+    """``python *args`` in its own network and PID namespaces (see above).
+
+    Skips where namespaces cannot be created; a run past ``timeout`` seconds
+    fails with the output it printed so far.
+    """
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux) to keep TCP stores off the network")
+    probe = run_python("pass", cwd, timeout=30, launcher=_OWN_NETWORK)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot create network and PID namespaces here: {probe.stderr.strip()}")
+    try:
+        return run_python(_LO_UP_THEN_EXEC, cwd, env, timeout, args, _OWN_NETWORK)
+    except subprocess.TimeoutExpired as e:
+        out = [
+            x.decode(errors="replace") if isinstance(x, bytes) else x or ""
+            for x in (e.stdout, e.stderr)
+        ]
+        pytest.fail(
+            f"python {' '.join(map(str, args))} still ran after {timeout} s\n"
+            f"--- stdout so far ---\n{out[0][-3000:]}\n--- stderr so far ---\n{out[1][-6000:]}"
+        )
 
 
 @pytest.fixture

@@ -7,15 +7,14 @@ plain Gloo in the same process group.
 """
 
 import os
-import shutil
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-import pytest
 import torch
 import torch.distributed as dist
+from conftest import run_in_own_network
 from dist_helpers import run_ranks
 
 DTYPES = [
@@ -424,44 +423,16 @@ dist.destroy_process_group()
 """
 
 
-# torchrun's TCPStores (the rendezvous store and the workers' master store)
-# listen on every interface, whatever --rdzv-endpoint or --master-addr says:
-# with --standalone, `ss -ltnp` shows its `pt_elastic` agent on *:<port>
-# twice (checked with torch 2.13, also with `--rdzv-backend c10d
-# --rdzv-endpoint 127.0.0.1:0` and `--master-addr 127.0.0.1`). So the test
-# runs torchrun in a network namespace of its own (`unshare --net
-# --map-root-user`, no privileges needed), where the only interface is its
-# loopback: nothing can listen beyond it. The launcher brings `lo` up (a new
-# namespace starts with it down), then execs torchrun.
-TORCHRUN_IN_NETNS = """
-import fcntl, os, socket, struct, sys
-SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-flags = struct.unpack("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH", b"lo", 0)))[1]
-fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | IFF_UP))
-os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *sys.argv[1:]])
-"""
-
-
-def _unshare_net(py) -> list[str]:
-    cmd = ["unshare", "--net", "--map-root-user"]
-    if shutil.which("unshare") is None:
-        pytest.skip("needs unshare (util-linux) to keep torchrun's stores off the network")
-    probe = py("pass", timeout=30, launcher=cmd)
-    if probe.returncode != 0:
-        pytest.skip(f"cannot create a network namespace here: {probe.stderr.strip()}")
-    return cmd
-
-
-def test_torchrun_trains_with_ddp(tmp_path, py):
+def test_torchrun_trains_with_ddp(tmp_path):
     script = tmp_path / "train.py"
     tests = os.path.dirname(os.path.abspath(__file__))
     script.write_text(TRAIN_SCRIPT.format(tests=tests, out=str(tmp_path)))
-    proc = py(
-        TORCHRUN_IN_NETNS,
+    # torchrun's rendezvous and master stores listen on every interface,
+    # whatever --rdzv-endpoint or --master-addr says: its own network.
+    proc = run_in_own_network(
+        ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script],
+        tmp_path,
         timeout=170,
-        launcher=_unshare_net(py),
-        args=["--standalone", "--nproc-per-node", "2", script],
         GLOO_SOCKET_IFNAME="lo",
         OPENREG_FALLBACK_WARNINGS="0",
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import describe, run_python
+from conftest import describe, run_in_own_network, run_python
 
 SCRIPTS = Path(__file__).resolve().parent / "framework_scripts"
 
@@ -22,15 +22,18 @@ def needs(*modules):
     return pytest.mark.skipif(bool(missing), reason=f"not installed: {', '.join(missing)}")
 
 
-def run_script(name, tmp_path, *args, timeout=170, **env):
+def run_script(name, tmp_path, *args, timeout=170, own_network=False, **env):
+    """Runs framework_scripts/<name> and returns the JSON it wrote.
+
+    With ``own_network`` it runs in network and PID namespaces of its own
+    (conftest.run_in_own_network): for scripts whose ranks start TCP stores.
+    """
     out = tmp_path / f"{name}.json"
-    proc = run_python(
-        None,
-        tmp_path,
-        env={"OPENREG_FALLBACK_WARNINGS": 0, **env},
-        timeout=timeout,
-        args=[SCRIPTS / name, out, *args],
-    )
+    argv, env = [SCRIPTS / name, out, *args], {"OPENREG_FALLBACK_WARNINGS": 0, **env}
+    if own_network:
+        proc = run_in_own_network(argv, tmp_path, timeout, **env)
+    else:
+        proc = run_python(None, tmp_path, env, timeout, argv)
     assert proc.returncode == 0, describe(proc)
     return json.loads(out.read_text())
 
@@ -82,7 +85,10 @@ def test_lightning_ddp_two_devices(lightning_run, tmp_path):
     reason = lightning_run["ddp_skip_reason"]
     if reason:
         pytest.skip(reason)
-    run = run_script("lightning_train.py", tmp_path, "ddp")
+    # Lightning's stores listen on every interface: their own network, where
+    # a fixed port below the ephemeral range (32768-60999) cannot collide
+    # with a port a Gloo pair or the first fit's connections took.
+    run = run_script("lightning_train.py", tmp_path, "ddp", own_network=True, MASTER_PORT=29500)
     assert run["strategy"] == "DDPStrategy" and run["world_size"] == 2
     assert run["devices_seen"] == ["openreg:0"]  # rank 0's device
     # Gloo on the CPU and orccl on openreg reduce in the same order: equal.
