@@ -307,16 +307,13 @@ os._exit(0)
 
 @pytest.mark.parametrize("mode", ["hang", "error"])
 def test_ddp_step_with_a_faulty_rank_raises_on_the_other_within_its_timeout(tmp_path, mode):
-    import socket
     import subprocess
     import sys
 
     from conftest import clean_env
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    init = f"tcp://127.0.0.1:{port}"
+    # A file store: a TCPStore would listen on every interface.
+    init = f"file://{tmp_path}/init"
     env = clean_env(GLOO_SOCKET_IFNAME="lo", OPENREG_FALLBACK_WARNINGS="0")
     procs = [
         subprocess.Popen(
