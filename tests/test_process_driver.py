@@ -193,6 +193,35 @@ sys.stdout.flush()
         assert gone(pid), f"device process {pid} outlived its program"
 
 
+def test_a_device_lost_during_an_operator_names_the_operator(py):
+    # Thirty queued 1536x1536 matrix products keep device 1 busy for seconds:
+    # killed half a second in, it is running one of them.
+    proc = py(
+        DEVICE_PIDS
+        + """
+import json, signal, sys, time, torch, torch_openreg
+a = torch.randn(1536, 1536, device="openreg:1")
+b = a @ a
+torch.openreg.synchronize(1)  # the signature's first call runs staged
+for _ in range(30):
+    b = b @ a
+time.sleep(0.5)
+os.kill(device_pids()[1], signal.SIGKILL)
+try:
+    torch.openreg.synchronize(1)
+    error = None
+except torch.AcceleratorError as e:
+    error = str(e)
+print(json.dumps({"error": error}))
+sys.stdout.flush()
+""",
+        **PROCESS,
+    )
+    error = last_json(proc)["error"]
+    assert error is not None and "SIGKILL" in error, error
+    assert "while running kernel 'openreg_boxed_call' (aten::mm.out)" in error, error
+
+
 def test_the_program_killed_leaves_no_device_process(tmp_path):
     script = DEVICE_PIDS + textwrap.dedent(
         """

@@ -61,6 +61,11 @@ class KernelThreads {
 // the host's deferred errors do.
 extern "C" __attribute__((visibility("default"))) int openreg_boxed_call(
     const void* params, size_t bytes, orKernelContext* ctx) {
+  // The operator, for a lost device's message and a failure's.
+  const std::string op = openreg::boxed_call_name(params, bytes);
+  if (ctx->version >= 2) {
+    ctx->describe(ctx, op.c_str());
+  }
   std::string what;
   try {
     const KernelThreads threads(params, bytes);
@@ -71,9 +76,8 @@ extern "C" __attribute__((visibility("default"))) int openreg_boxed_call(
   } catch (const std::exception& e) {
     what = e.what();
   }
-  const std::string message = "openreg kernel '" +
-                              openreg::boxed_call_name(params, bytes) +
-                              "' failed on the device: " + what;
+  const std::string message =
+      "openreg kernel '" + op + "' failed on the device: " + what;
   ctx->report_error(ctx, message.c_str());
   return 1;
 }
@@ -90,6 +94,11 @@ extern "C" __attribute__((visibility("default"))) int openreg_fault_crash(
   int32_t how = 0;
   if (bytes == sizeof(how)) {
     std::memcpy(&how, params, sizeof(how));
+  }
+  if (ctx->version >= 2) {
+    ctx->describe(ctx, how == 1   ? "a segfault on purpose"
+                       : how == 2 ? "an abort on purpose"
+                                  : "bad parameters");
   }
   if (how == 1) {
     volatile int* null = nullptr;

@@ -416,9 +416,16 @@ typedef struct orKernelContext {
   void (*report_error)(struct orKernelContext* ctx, const char* message);
   /* The driver's own state. */
   void* driver_data;
+  /* Version 2. Names what the kernel is doing, for diagnostics (copied, at
+   * most 127 characters kept; a later call replaces it): a kernel that runs
+   * many operations, such as a library's interpreter of serialized calls,
+   * names the one it runs. When the device is lost while the kernel runs,
+   * the lost-device message names the kernel and this text; a failure
+   * without a report_error message names both too. */
+  void (*describe)(struct orKernelContext* ctx, const char* what);
 } orKernelContext;
 
-#define OR_KERNEL_CONTEXT_VERSION 1
+#define OR_KERNEL_CONTEXT_VERSION 2
 /* The most parameter bytes one launch may pass (CUDA allows 32764). */
 #define OR_MAX_KERNEL_PARAMS 32768
 

@@ -67,6 +67,7 @@ void* translate(orKernelContext*, const void* device_ptr) {
 }
 
 struct CallState {
+  Ring* ring = nullptr;
   bool reported = false;
   char message[kMessageBytes];
 };
@@ -80,6 +81,12 @@ void report_error(orKernelContext* ctx, const char* message) {
   }
 }
 
+void describe(orKernelContext* ctx, const char* what) {
+  auto* call = static_cast<CallState*>(ctx->driver_data);
+  std::snprintf(call->ring->activity, sizeof(call->ring->activity), "%s",
+                what != nullptr ? what : "");
+}
+
 void record_error(Ring& ring, orError_t code, const char* message,
                   int function = -1, int status = 0) {
   uint32_t expected = 0;
@@ -89,6 +96,7 @@ void record_error(Ring& ring, orError_t code, const char* message,
   ring.error_code = code;
   ring.error_function = function;
   ring.error_status = status;
+  std::memcpy(ring.error_activity, ring.activity, sizeof(ring.activity));
   std::snprintf(ring.error_message, sizeof(ring.error_message), "%s", message);
   ring.error_state.store(2, std::memory_order_release);
 }
@@ -126,12 +134,15 @@ void run_command(Ring& ring, const Slot& slot) {
         return;
       }
       CallState call;
+      call.ring = &ring;
       orKernelContext ctx{};
       ctx.version = OR_KERNEL_CONTEXT_VERSION;
       ctx.device = g_control->device;
       ctx.translate = &translate;
       ctx.report_error = &report_error;
       ctx.driver_data = &call;
+      ctx.describe = &describe;
+      ring.activity[0] = '\0';
       ring.running.store(h.function + 1, std::memory_order_relaxed);
       const int status = fn(slot.params, h.bytes, &ctx);
       ring.running.store(0, std::memory_order_relaxed);

@@ -9,6 +9,7 @@
 // failure's message for orStreamGetErrorMessage.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -23,6 +24,7 @@ struct KernelCall {
   orStream* stream = nullptr;
   std::string message;  // first report_error of this call
   bool reported = false;
+  std::string activity;  // the last describe()
 };
 
 void* translate(orKernelContext* ctx, const void* device_ptr) {
@@ -45,7 +47,31 @@ void report_error(orKernelContext* ctx, const char* message) {
   }
 }
 
+void describe(orKernelContext* ctx, const char* what) {
+  auto* call = static_cast<KernelCall*>(ctx->driver_data);
+  call->activity.assign(what != nullptr ? what : "");
+  call->activity.resize(std::min<size_t>(call->activity.size(), 127));
+}
+
 }  // namespace
+
+namespace openreg_rt {
+
+std::string kernel_label(const std::string& name, const char* activity) {
+  std::string label = "'" + name + "'";
+  if (activity != nullptr && activity[0] != '\0') {
+    label.append(" (").append(activity).append(")");
+  }
+  return label;
+}
+
+std::string failed_kernel_message(const std::string& name, const char* activity,
+                                  int status) {
+  return "kernel " + kernel_label(name, activity) + " failed (returned " +
+         std::to_string(status) + ")";
+}
+
+}  // namespace openreg_rt
 
 void orStream::run_function(Task& task) {
   KernelCall call;
@@ -56,13 +82,14 @@ void orStream::run_function(Task& task) {
   ctx.translate = &translate;
   ctx.report_error = &report_error;
   ctx.driver_data = &call;
+  ctx.describe = &describe;
   const int status = task.function->fn(task.params.get(), task.bytes, &ctx);
   task.params.reset();
   if (status != 0) {
-    std::string message = call.reported ? call.message
-                                        : "kernel '" + task.function->name +
-                                              "' failed (returned " +
-                                              std::to_string(status) + ")";
+    std::string message =
+        call.reported ? call.message
+                      : failed_kernel_message(task.function->name,
+                                              call.activity.c_str(), status);
     record_error(orErrorLaunchFailure, message.c_str());
   }
 }

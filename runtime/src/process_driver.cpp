@@ -81,13 +81,19 @@ std::string describe_status(int status) {
 // Called by the watcher once the device process has ended.
 void mark_lost(ProcessDevice& pd, int status) {
   Device* dev = pd.dev;
+  // The kernel that was running, and what it said it did: the process has
+  // ended, so its ring no longer changes.
   std::string running;
   for (int r = 0; r < kMaxStreams; ++r) {
-    const uint32_t id = pd.control->rings[r].running.load();
+    const Ring& ring = pd.control->rings[r];
+    const uint32_t id = ring.running.load();
     if (id != 0) {
+      char activity[kActivityBytes];
+      std::memcpy(activity, ring.activity, sizeof(activity));
+      activity[sizeof(activity) - 1] = '\0';
       std::lock_guard<std::mutex> lock(shared().names_mu);
       if (id - 1 < shared().function_names.size()) {
-        running = shared().function_names[id - 1];
+        running = kernel_label(shared().function_names[id - 1], activity);
       }
       break;
     }
@@ -96,7 +102,7 @@ void mark_lost(ProcessDevice& pd, int status) {
                        " was lost: its process (pid " + std::to_string(pd.pid) +
                        ") ended with " + describe_status(status);
   if (!running.empty()) {
-    reason += " while running kernel '" + running + "'";
+    reason += " while running kernel " + running;
   }
   {
     std::lock_guard<std::mutex> lock(dev->lost_mutex);

@@ -38,6 +38,8 @@ constexpr int kMaxModules = 256;
 constexpr int kMaxFunctions = 4096;
 constexpr int kMaxEvents = 1 << 16;
 constexpr size_t kMessageBytes = 1024;
+// What orKernelContext::describe keeps (the NUL included).
+constexpr size_t kActivityBytes = 128;
 
 // File descriptor numbers in the device process (posix_spawn dup2s them;
 // every other descriptor but 0, 1 and 2 is closed).
@@ -74,6 +76,10 @@ struct alignas(64) Ring {
   // Function id + 1 of the kernel running now (0: none), for the reason
   // of a lost device.
   std::atomic<uint32_t> running{0};
+  // What that kernel said it does (orKernelContext::describe), "" if
+  // nothing: the device writes it, the host reads it once the device
+  // process has ended.
+  char activity[kActivityBytes] = {};
   // The first failure since the host last read it: the worker moves
   // error_state 0 -> 1, writes code and message, then 1 -> 2; the host
   // reads at 2 and stores 0.
@@ -83,6 +89,7 @@ struct alignas(64) Ring {
   // host names it).
   int32_t error_function = -1;
   int32_t error_status = 0;
+  char error_activity[kActivityBytes] = {};  // its describe() text
   char error_message[kMessageBytes];
   Slot slots[kRingSlots];
 };

@@ -141,9 +141,8 @@ orError_t stream_synchronize(orStream* stream) {
       std::lock_guard<std::mutex> lock(shared().names_mu);
       const auto id = static_cast<size_t>(ring.error_function);
       if (id < shared().function_names.size()) {
-        message = "kernel '" + shared().function_names[id] +
-                  "' failed (returned " + std::to_string(ring.error_status) +
-                  ")";
+        message = failed_kernel_message(shared().function_names[id],
+                                        ring.error_activity, ring.error_status);
       }
     }
     stream->record_error(code, message.c_str());

@@ -98,6 +98,14 @@ struct Runtime {
   size_t capacity = 0;
 };
 
+// How both drivers name a named kernel in messages: 'name', followed by
+// " (activity)" when the kernel described what it was doing
+// (orKernelContext::describe; activity may be NULL or empty). module.cpp.
+std::string kernel_label(const std::string& name, const char* activity);
+// A kernel that failed without a report_error message.
+std::string failed_kernel_message(const std::string& name, const char* activity,
+                                  int status);
+
 // True when OPENREG_DRIVER=process: every device is a process of its own
 // (process_driver.cpp) and the functions below route to proc::.
 bool process_driver();

@@ -105,10 +105,12 @@ __attribute__((visibility("default"))) int or_test_checksum(
   return 0;
 }
 
-// Fails with the parameter bytes as its message (NUL-terminated text).
+// Fails with the parameter bytes as its message (NUL-terminated text);
+// without parameters it only describes what it was doing.
 __attribute__((visibility("default"))) int or_test_fail(const void* params,
                                                         size_t bytes,
                                                         orKernelContext* ctx) {
+  ctx->describe(ctx, "step 3 of 5");
   if (bytes > 0) {
     ctx->report_error(ctx, static_cast<const char*>(params));
   }
@@ -149,7 +151,7 @@ __attribute__((visibility("default"))) int or_test_segfault(
     const void* params, size_t bytes, orKernelContext* ctx) {
   (void)params;
   (void)bytes;
-  (void)ctx;
+  ctx->describe(ctx, "writing through a null pointer");
   volatile uint32_t* null_word = nullptr;
   *null_word = 1;
   return 0;
