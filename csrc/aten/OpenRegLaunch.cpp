@@ -39,6 +39,7 @@
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegKernelTask.h"
 #include "core/OpenRegLaunchStats.h"
+#include "core/OpenRegNamedKernels.h"
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
 #include "memory/OpenRegKernelScratch.h"
@@ -319,14 +320,31 @@ void launch_async(c10::DeviceIndex device, const std::string& op,
 // [/doc:launch-async]
 
 // [doc:launch-function]
-void launch_function(c10::DeviceIndex device, orFunction_t function,
-                     const void* params, size_t bytes, int64_t elements) {
+void launch_function(c10::DeviceIndex device, const std::string& op,
+                     orFunction_t function, const void* params, size_t bytes,
+                     int64_t elements) {
   faults::check_not_poisoned(device);
   OpenRegStream stream = getCurrentStream(device);
   reclaim_finished_tasks();
   orLaunchAttributes attrs{};
   attrs.hostThreads = thread_cap(elements);
   stats::count(stats::kLaunches);
+  // Injected faults travel as kernels of their own, in stream order: a
+  // stall before the kernel, a failing kernel in its place (faults.py).
+  const int64_t delay_us = faults::kernel_delay_us(device, stream.id());
+  if (delay_us > 0) {
+    OPENREG_CHECK(orLaunchFunction(stream.native(),
+                                   named_kernel(NamedKernel::kDelay), &delay_us,
+                                   sizeof(delay_us), nullptr));
+  }
+  std::string failure_message;
+  if (std::optional<std::string> failure = faults::kernel_fails(device, op)) {
+    failure_message =
+        "openreg kernel '" + op + "' failed on the device: " + *failure;
+    function = named_kernel(NamedKernel::kFail);
+    params = failure_message.data();
+    bytes = failure_message.size();
+  }
   OPENREG_CHECK(
       orLaunchFunction(stream.native(), function, params, bytes, &attrs));
   if (launch_blocking()) {

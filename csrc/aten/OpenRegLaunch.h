@@ -51,9 +51,12 @@ void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
 // call. It is the launch of a device with its own memory: nothing of the
 // host crosses but the bytes, so it is the only launch the process driver
 // runs. A failure the kernel reports is raised at the next synchronization
-// with the kernel's message. `elements` as for launch_async.
-void launch_function(c10::DeviceIndex device, orFunction_t function,
-                     const void* params, size_t bytes, int64_t elements = -1);
+// with the kernel's message. `op` names the operator (for injected faults:
+// faults.fail_kernel matches it, and faults.delay_kernels stalls the stream
+// before the kernel). `elements` as for launch_async.
+void launch_function(c10::DeviceIndex device, const std::string& op,
+                     orFunction_t function, const void* params, size_t bytes,
+                     int64_t elements = -1);
 
 // The most threads a kernel whose largest tensor argument has `elements`
 // elements (-1: unknown) may use (see "worker-threads" in OpenRegLaunch.cpp).

@@ -15,8 +15,9 @@ namespace openreg {
 namespace {
 
 // In the order of NamedKernel.
-constexpr std::array<const char*, 2> kSymbols = {"openreg_boxed_call",
-                                                 "openreg_fault_crash"};
+constexpr std::array<const char*, 4> kSymbols = {
+    "openreg_boxed_call", "openreg_fault_crash", "openreg_fault_fail",
+    "openreg_fault_delay"};
 
 struct Library {
   orModule_t module = nullptr;

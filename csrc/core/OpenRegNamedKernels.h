@@ -18,6 +18,8 @@ namespace openreg {
 enum class NamedKernel {
   kBoxedCall,  // openreg_boxed_call: a serialized boxed ATen call
   kCrash,      // openreg_fault_crash: crashes the device (faults)
+  kFail,       // openreg_fault_fail: fails with its bytes as the message
+  kDelay,      // openreg_fault_delay: sleeps int64 microseconds
 };
 
 // The function of `kernel`, loading the library on first use. Throws with

@@ -10,11 +10,13 @@
 #include <openreg.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
+#include <thread>
 
 #include "kernels/OpenRegBoxedCall.h"
 #include "kernels/OpenRegCallFormat.h"
@@ -112,3 +114,31 @@ extern "C" __attribute__((visibility("default"))) int openreg_fault_crash(
   return 1;
 }
 // [/doc:crash-kernel]
+
+// faults::fail_kernel on a device that runs named kernels only: the host
+// launches this in place of the kernel that is to fail, with the failure's
+// message as params (text, not NUL-terminated), so the failure surfaces in
+// stream order at the next synchronization, as on the thread driver.
+extern "C" __attribute__((visibility("default"))) int openreg_fault_fail(
+    const void* params, size_t bytes, orKernelContext* ctx) {
+  const std::string message(static_cast<const char*>(params), bytes);
+  ctx->report_error(ctx, message.c_str());
+  return 1;
+}
+
+// faults::delay_kernels on such a device: params is one int64, the
+// microseconds the stream stalls before its next kernel.
+extern "C" __attribute__((visibility("default"))) int openreg_fault_delay(
+    const void* params, size_t bytes, orKernelContext* ctx) {
+  int64_t us = -1;
+  if (bytes == sizeof(us)) {
+    std::memcpy(&us, params, sizeof(us));
+  }
+  if (us < 0) {
+    ctx->report_error(ctx,
+                      "openreg_fault_delay: params must be one int64 >= 0");
+    return 1;
+  }
+  std::this_thread::sleep_for(std::chrono::microseconds(us));
+  return 0;
+}

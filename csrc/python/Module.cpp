@@ -443,9 +443,9 @@ PYBIND11_MODULE(_C, m) {
                     "(abort), got ",
                     how);
         const int32_t params = how;
-        launch_function(static_cast<c10::DeviceIndex>(device),
-                        named_kernel(NamedKernel::kCrash), &params,
-                        sizeof(params));
+        launch_function(
+            static_cast<c10::DeviceIndex>(device), "openreg_fault_crash",
+            named_kernel(NamedKernel::kCrash), &params, sizeof(params));
       },
       py::arg("device"), py::arg("how"));
   // [doc:c10d-binding]

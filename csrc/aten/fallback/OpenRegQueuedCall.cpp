@@ -284,8 +284,9 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
         [call = std::move(call)] { run_queued_kernel(*call); }, plan->elements);
   } else {
     // The device runs the bytes itself (kernels/OpenRegKernelLibrary.cpp).
-    launch_function(device.index(), named_kernel(NamedKernel::kBoxedCall),
-                    call->bytes.data(), call->bytes.size(), plan->elements);
+    launch_function(device.index(), traits.display_name,
+                    named_kernel(NamedKernel::kBoxedCall), call->bytes.data(),
+                    call->bytes.size(), plan->elements);
   }
   torch::jit::drop(*stack, num_args);
   for (c10::IValue& r : results) {
