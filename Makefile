@@ -98,6 +98,7 @@ bench: build bench-runtime
 	$(PY) benchmarks/bench_distributed.py
 	$(PY) benchmarks/bench_compile.py
 	$(PY) benchmarks/bench_loops.py
+	$(PY) benchmarks/bench_process_driver.py
 
 # Every OpInfo of PyTorch's op database, every CPU dtype, forward and
 # gradients, openreg vs CPU (~6 min); report in build/opinfo-report.md.

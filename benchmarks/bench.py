@@ -297,12 +297,13 @@ def measure(name: str, device: str, quick: bool) -> dict:
 
 
 # --- the orchestrator ---------------------------------------------------------
-def run_fresh(name: str, device: str, quick: bool) -> dict:
-    """Runs `measure(name, device)` in a new Python process."""
+def run_fresh(name: str, device: str, quick: bool, driver: str = "thread") -> dict:
+    """Runs `measure(name, device)` in a new Python process (OPENREG_DRIVER=driver)."""
     cmd = [sys.executable, __file__, "--measure", name, "--device", device]
     if quick:
         cmd.append("--quick")
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    env = dict(os.environ, OPENREG_DRIVER=driver)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{name} on {device} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -373,13 +374,15 @@ def row(name, cpu_col, dev_col, ratio, lo, hi, goal, goal_is_max, best=None, **e
     }
 
 
-def compare_case(name: str, goal: float, goal_is_max: bool, rounds: int, quick: bool) -> dict:
+def compare_case(
+    name: str, goal: float, goal_is_max: bool, rounds: int, quick: bool, driver: str = "thread"
+) -> dict:
     inner = CASES[name][1]
     runs = {"cpu": [], "openreg": []}
     for r in range(rounds):
         order = ("cpu", "openreg") if r % 2 == 0 else ("openreg", "cpu")
         for device in order:
-            runs[device].append(run_fresh(name, device, quick)["seconds"])
+            runs[device].append(run_fresh(name, device, quick, driver)["seconds"])
     cpu_s, dev_s = statistics.median(runs["cpu"]), statistics.median(runs["openreg"])
     per_round = [d / c for c, d in zip(runs["cpu"], runs["openreg"], strict=True)]
     ratio = dev_s / cpu_s
