@@ -65,7 +65,8 @@ test-runtime: setup
 # The device-side code of the PyTorch layer with each driver (ctest in the
 # extension's build tree), the pytest suite, then a slice of it with each
 # device in a process of its own (OPENREG_DRIVER=process).
-PROCESS_SLICE := tests/test_ops.py tests/test_copy.py tests/test_opinfo_slice.py
+PROCESS_SLICE := tests/test_ops.py tests/test_copy.py tests/test_opinfo_slice.py \
+	tests/test_profiler.py
 test-python: build
 	$(VENV)/bin/ctest --test-dir $(BUILD_DIR) -R '^boxed-call' --output-on-failure
 	$(PY) -m pytest -q tests
@@ -73,8 +74,8 @@ test-python: build
 
 # The whole suite with OPENREG_DRIVER=process, but for what that driver does
 # not run yet: Inductor's kernels, collectives, IPC. Not green yet: tests of
-# thread-driver internals and of faults on named launches still fail
-# (docs/process-driver.md, "Where it stands", lists them).
+# thread-driver internals still fail (docs/process-driver.md, "Where it
+# stands", lists them).
 PROCESS_NOT_YET := --ignore=tests/test_compile.py --ignore=tests/test_compile_opinfo.py \
 	--ignore=tests/test_distributed.py --ignore=tests/test_ipc.py
 test-process-driver: build

@@ -345,6 +345,7 @@ void launch_function(c10::DeviceIndex device, const std::string& op,
     params = failure_message.data();
     bytes = failure_message.size();
   }
+  const profiler::QueuedFunction trace(stream.unwrap(), op);
   OPENREG_CHECK(
       orLaunchFunction(stream.native(), function, params, bytes, &attrs));
   if (launch_blocking()) {

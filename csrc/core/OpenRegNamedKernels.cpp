@@ -15,9 +15,9 @@ namespace openreg {
 namespace {
 
 // In the order of NamedKernel.
-constexpr std::array<const char*, 4> kSymbols = {
+constexpr std::array<const char*, 5> kSymbols = {
     "openreg_boxed_call", "openreg_fault_crash", "openreg_fault_fail",
-    "openreg_fault_delay"};
+    "openreg_fault_delay", "openreg_profiler_stamp"};
 
 struct Library {
   orModule_t module = nullptr;

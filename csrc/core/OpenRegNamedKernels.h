@@ -20,6 +20,7 @@ enum class NamedKernel {
   kCrash,      // openreg_fault_crash: crashes the device (faults)
   kFail,       // openreg_fault_fail: fails with its bytes as the message
   kDelay,      // openreg_fault_delay: sleeps int64 microseconds
+  kStamp,      // openreg_profiler_stamp: stores the clock at a pinned address
 };
 
 // The function of `kernel`, loading the library on first use. Throws with

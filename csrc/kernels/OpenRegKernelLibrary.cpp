@@ -115,6 +115,32 @@ extern "C" __attribute__((visibility("default"))) int openreg_fault_crash(
 }
 // [/doc:crash-kernel]
 
+// The profiler's device timestamps on a device that runs named kernels only
+// (profiler/OpenRegProfilerHooks.cpp): params is one uint64, the address of
+// an int64 in pinned host memory, where the kernel stores the device's clock
+// (nanoseconds since the epoch of the system clock, the profiler's) when
+// the stream reaches it. A real device writes its timer the same way.
+extern "C" __attribute__((visibility("default"))) int openreg_profiler_stamp(
+    const void* params, size_t bytes, orKernelContext* ctx) {
+  uint64_t address = 0;
+  if (bytes == sizeof(address)) {
+    std::memcpy(&address, params, sizeof(address));
+  }
+  auto* slot = static_cast<int64_t*>(
+      ctx->translate(ctx, reinterpret_cast<const void*>(address)));
+  if (slot == nullptr) {
+    ctx->report_error(ctx,
+                      "openreg_profiler_stamp: params must be the address of "
+                      "an int64 in pinned host memory");
+    return 1;
+  }
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  __atomic_store_n(slot, now, __ATOMIC_RELEASE);
+  return 0;
+}
+
 // faults::fail_kernel on a device that runs named kernels only: the host
 // launches this in place of the kernel that is to fail, with the failure's
 // message as params (text, not NUL-terminated), so the failure surfaces in

@@ -69,6 +69,33 @@ class QueuedKernel {
   uint32_t flow_ = 0;
 };
 
+// A named kernel queued on `stream` (launch_function, the launch of a
+// device that runs named kernels only). Construct it right before the
+// runtime call and keep it alive until the call has returned: while
+// recording it queues a device timestamp before and after the kernel.
+class QueuedFunction {
+ public:
+  QueuedFunction(const c10::Stream& stream, const std::string& op) {
+    if (C10_UNLIKELY(recording())) {
+      begin(stream, op);
+    }
+  }
+  ~QueuedFunction() {
+    if (C10_UNLIKELY(flow_ != 0)) {
+      end();
+    }
+  }
+  QueuedFunction(const QueuedFunction&) = delete;
+  QueuedFunction& operator=(const QueuedFunction&) = delete;
+
+ private:
+  void begin(const c10::Stream& stream, const std::string& op);
+  void end() noexcept;
+  uint32_t flow_ = 0;
+  orStream_t stream_ = nullptr;
+  int64_t* stamps_ = nullptr;
+};
+
 // A runtime copy queued on `stream` (orMemcpyAsync); `pinned`: its host side
 // (if any) is pinned memory. Construct it right before the runtime call and
 // keep it alive until the call has returned: while recording it enqueues a
@@ -93,6 +120,7 @@ class QueuedCopy {
   void end() noexcept;
   uint32_t flow_ = 0;
   orStream_t stream_ = nullptr;
+  int64_t* stamps_ = nullptr;  // a device that runs named kernels only
 };
 
 // Device work the host waits for (run_sync, OPENREG_LAUNCH_BLOCKING): the

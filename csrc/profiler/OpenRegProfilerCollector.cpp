@@ -1,5 +1,8 @@
 #include "profiler/OpenRegProfilerCollector.h"
 
+#include <openreg.h>
+
+#include <thread>
 #include <utility>
 
 #include "profiler/OpenRegProfiler.h"
@@ -19,12 +22,15 @@ uint32_t Collector::next_flow() noexcept {
 void Collector::start(ThreadIdFn thread_id) {
   std::lock_guard<std::mutex> lock(mutex_);
   records_.clear();
+  stamps_used_ = 0;
+  pending_stamps_.clear();
   thread_id_.store(thread_id, std::memory_order_relaxed);
   detail::g_recording.store(true, std::memory_order_relaxed);
 }
 
 void Collector::stop() {
   detail::g_recording.store(false, std::memory_order_relaxed);
+  collect_stamps();
   std::unique_lock<std::mutex> lock(mutex_);
   const bool drained = idle_.wait_for(lock, std::chrono::seconds(10),
                                       [this] { return in_flight_ == 0; });
@@ -77,6 +83,62 @@ void Collector::device_span(uint32_t flow, int64_t begin, int64_t end) {
     if (end != 0) {
       it->second.device_end = end;
     }
+  }
+}
+
+int64_t* Collector::stamp_pair(uint32_t flow) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stamps_ == nullptr && !stamps_unavailable_) {
+    void* p = nullptr;
+    if (orMallocHost(&p, kStampPairs * 2 * sizeof(int64_t)) == orSuccess) {
+      stamps_ = static_cast<int64_t*>(p);
+    } else {
+      stamps_unavailable_ = true;
+      TORCH_WARN(
+          "openreg profiler: no pinned memory for device timestamps; "
+          "device work is recorded without its device time");
+    }
+  }
+  if (stamps_ == nullptr || stamps_used_ == kStampPairs) {
+    return nullptr;
+  }
+  const size_t index = stamps_used_++;
+  int64_t* pair = stamps_ + 2 * index;
+  pair[0] = pair[1] = 0;
+  pending_stamps_.emplace_back(flow, index);
+  return pair;
+}
+
+void Collector::collect_stamps() {
+  std::vector<std::pair<uint32_t, size_t>> pending;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending.swap(pending_stamps_);
+  }
+  // Like the in-flight wait below: work still queued 10 s after the
+  // profiler stopped (a stalled or lost device) is left out.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  size_t missing = 0;
+  for (const auto& [flow, index] : pending) {
+    int64_t* pair = stamps_ + 2 * index;
+    while (__atomic_load_n(&pair[1], __ATOMIC_ACQUIRE) == 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    const int64_t begin = __atomic_load_n(&pair[0], __ATOMIC_ACQUIRE);
+    const int64_t end = __atomic_load_n(&pair[1], __ATOMIC_ACQUIRE);
+    if (begin == 0 || end == 0) {
+      ++missing;
+    } else {
+      device_span(flow, begin, end);
+    }
+  }
+  if (missing > 0) {
+    TORCH_WARN("openreg profiler: ", missing,
+               " device operations launched while profiling had not "
+               "finished 10 s after the profiler stopped; they are left "
+               "out of the trace");
   }
 }
 

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace openreg::profiler {
@@ -75,13 +76,33 @@ class Collector {
   void enter();
   void leave();
 
+  // Two zeroed int64 in pinned host memory for the device part of `flow`,
+  // on a device that runs named kernels only: the device stores its clock
+  // in the first when its stream reaches the work and in the second after
+  // it (kernels/OpenRegKernelLibrary.cpp, openreg_profiler_stamp); stop()
+  // reads them. nullptr when the session's kStampPairs are used up or
+  // pinned memory cannot be had: the record then has no device part.
+  int64_t* stamp_pair(uint32_t flow);
+  static constexpr size_t kStampPairs = size_t{1} << 16;  // 1 MiB pinned
+
  private:
+  // In stop(): waits (bounded) for the stamps of the session and records
+  // them as device spans.
+  void collect_stamps();
+
   std::atomic<uint32_t> next_flow_{1};
   std::mutex mutex_;  // guards records_ and in_flight_
   std::condition_variable idle_;
   std::unordered_map<uint32_t, Launch> records_;
   int64_t in_flight_ = 0;
   std::atomic<ThreadIdFn> thread_id_{nullptr};  // set by start()
+  // Guarded by mutex_: the pinned pairs (allocated on first use, never
+  // freed, like the collector), how many this session handed out, and
+  // which flow each belongs to.
+  int64_t* stamps_ = nullptr;
+  bool stamps_unavailable_ = false;
+  size_t stamps_used_ = 0;
+  std::vector<std::pair<uint32_t, size_t>> pending_stamps_;
 };
 
 // The process's collector; never destroyed (workers may still record at

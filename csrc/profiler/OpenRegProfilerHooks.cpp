@@ -6,8 +6,16 @@
 // timestamp kernels queued around each copy). A real device's profiler takes
 // these times from the driver's activity records (CUPTI's role) and keeps
 // only the host side here.
+//
+// A device that runs named kernels only (OPENREG_DRIVER=process) takes no
+// host closure: there the stamps are the kernel library's
+// openreg_profiler_stamp, queued before and after each named kernel and
+// copy, storing the device's clock in pinned memory that the collector
+// reads when the session stops, the way a device writes its timer.
 #include <memory>
 
+#include "core/OpenRegFunctions.h"
+#include "core/OpenRegNamedKernels.h"
 #include "core/OpenRegStream.h"
 #include "profiler/OpenRegProfiler.h"
 #include "profiler/OpenRegProfilerCollector.h"
@@ -59,6 +67,14 @@ int stamp_end(void* data) {
   return 0;
 }
 
+// Queues a stamp of the device's clock into `slot` on `stream`. A stamp
+// that cannot be queued leaves the record without a device part.
+void queue_stamp(orStream_t stream, int64_t* slot) {
+  const auto address = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(slot));
+  (void)orLaunchFunction(stream, named_kernel(NamedKernel::kStamp), &address,
+                         sizeof(address), &kOneThread);
+}
+
 void* as_data(uint32_t flow) {
   return reinterpret_cast<void*>(static_cast<uintptr_t>(flow));
 }
@@ -99,24 +115,55 @@ void QueuedKernel::end() noexcept {
 }
 // [/doc:queued-kernel]
 
+void QueuedFunction::begin(const c10::Stream& stream, const std::string& op) {
+  const int64_t t = now_ns();
+  const uint32_t flow = collector().launched(Work::kKernel, stream, op, t);
+  stream_ = native_stream(stream);
+  stamps_ = collector().stamp_pair(flow);
+  if (stamps_ != nullptr) {
+    queue_stamp(stream_, &stamps_[0]);
+  }
+  flow_ = flow;
+}
+
+void QueuedFunction::end() noexcept {
+  without_throwing("a kernel launch's end", [this] {
+    if (stamps_ != nullptr) {
+      queue_stamp(stream_, &stamps_[1]);
+    }
+    collector().launch_returned(flow_, now_ns());
+  });
+}
+
 void QueuedCopy::begin(const c10::Stream& stream, orMemcpyKind kind,
                        bool pinned) {
   const int64_t t = now_ns();
   const uint32_t flow =
       collector().launched(Work::kCopy, stream, copy_name(kind, pinned), t);
   stream_ = native_stream(stream);
-  // A failed stamp leaves the record without a device part; the copy itself
-  // is unaffected.
-  (void)orLaunchKernelEx(stream_, &stamp_begin, as_data(flow), &kOneThread);
-  collector().enter();
+  if (!host_kernels_supported()) {
+    stamps_ = collector().stamp_pair(flow);
+    if (stamps_ != nullptr) {
+      queue_stamp(stream_, &stamps_[0]);
+    }
+  } else {
+    // A failed stamp leaves the record without a device part; the copy
+    // itself is unaffected.
+    (void)orLaunchKernelEx(stream_, &stamp_begin, as_data(flow), &kOneThread);
+    collector().enter();
+  }
   flow_ = flow;
 }
 
 void QueuedCopy::end() noexcept {
   without_throwing("a copy launch's end", [this] {
-    if (orLaunchKernelEx(stream_, &stamp_end, as_data(flow_), &kOneThread) !=
-        orSuccess) {
-      collector().leave();  // no stamp will leave for it
+    if (stamps_ != nullptr) {
+      queue_stamp(stream_, &stamps_[1]);
+    } else if (host_kernels_supported()) {
+      if (orLaunchKernelEx(stream_, &stamp_end, as_data(flow_), &kOneThread) !=
+          orSuccess) {
+        collector().leave();  // no stamp will leave for it
+      }
     }
     collector().launch_returned(flow_, now_ns());
   });
