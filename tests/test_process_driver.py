@@ -252,9 +252,10 @@ def test_the_program_killed_leaves_no_device_process(tmp_path):
         assert gone(int(pid), zombie_ok=True), f"device process {pid} outlived its killed program"
 
 
-def test_openreg_kernels_run_staged_and_match_the_cpu(py):
-    """openreg's own kernels are not named kernels yet: with this driver
-    they run staged on the host (synchronously), with the CPU's values."""
+def test_openreg_kernels_match_the_cpu(py):
+    """openreg's own kernels: dropout is a named kernel of the kernel
+    library; the others are not yet, and run staged on the host
+    (synchronously). Either way with the CPU's values."""
     out = last_json(
         py(
             """
@@ -278,13 +279,46 @@ def test_openreg_kernels_run_staged_and_match_the_cpu(py):
             checks["copy"] = torch.equal(xs.cpu(), xc)
             stats = torch.openreg._launch_stats()
             staged = stats["staged_by_op"]
-            checks["staged"] = stats["staged"] > 0 and "aten::native_dropout" in staged
+            checks["staged"] = stats["staged"] > 0 and "aten::native_dropout" not in staged
+            checks["attention staged"] = any("attention" in op for op in staged)
             print(json.dumps(checks))
             """,
             **PROCESS,
         )
     )
     assert out and all(out.values()), out
+
+
+DROPOUT_BITS = """
+import hashlib, json, torch, torch_openreg
+def digest(t):
+    return hashlib.sha256(str(t.detach().float().cpu().tolist()).encode()).hexdigest()
+torch.openreg.manual_seed(7)
+out = {}
+for dtype in (torch.float32, torch.bfloat16):
+    x = torch.randn(300, 257, generator=torch.Generator().manual_seed(1)).to(dtype)
+    x = x.to("openreg").requires_grad_()
+    for step in range(3):
+        y = torch.nn.functional.dropout(x, 0.3)
+        y.backward(torch.full_like(y, 0.5))
+        out[f"{dtype} y{step}"] = digest(y)
+    out[f"{dtype} grad"] = digest(x.grad)
+    out[f"{dtype} kept"] = (y != 0).float().mean().item()
+out["staged"] = sorted(torch.openreg._launch_stats()["staged_by_op"])
+print(json.dumps(out))
+"""
+
+
+def test_dropout_is_a_named_kernel_with_the_thread_drivers_bits(py):
+    # The same device-side function (kernels/OpenRegDropout.cpp) from a host
+    # closure and from the kernel library: the same draws, the same bits.
+    thread = last_json(py(DROPOUT_BITS, OPENREG_FALLBACK_WARNINGS="0"))
+    process = last_json(py(DROPOUT_BITS, **PROCESS))
+    staged = process.pop("staged")
+    assert not [op for op in staged if "dropout" in op], staged
+    thread.pop("staged")
+    assert process == thread
+    assert 0.65 < process["torch.float32 kept"] < 0.75, process
 
 
 def test_compiled_kernels_raise_a_clear_error(py):

@@ -1,8 +1,6 @@
 // Random operators with an openreg kernel: they draw from the device's
 // generator (torch.Generator("openreg:N")), not the CPU's global one, so
 // torch.openreg.manual_seed governs them.
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/ones_like.h>
@@ -13,13 +11,19 @@
 #include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
-#include "aten/OpenRegParallel.h"
+#include "core/OpenRegFunctions.h"
+#include "core/OpenRegNamedKernels.h"
+#include "kernels/OpenRegDropout.h"
 #include "random/OpenRegGenerator.h"
-#include "random/OpenRegPhilox.h"
 
 namespace openreg {
 
 namespace {
+
+// The address of t's first element on its device, as named kernels take it.
+uint64_t device_address(const at::Tensor& t) {
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.const_data_ptr()));
+}
 
 // The dtypes and layouts the fused kernels take: floating tensors whose
 // elements fill their memory exactly once (any dense permutation), so the
@@ -30,39 +34,11 @@ bool fusable(const at::Tensor& t) {
          t.is_non_overlapping_and_dense();
 }
 
-// [doc:fused-dropout]
-// Dropout as CUDA runs it: one kernel writes the mask and the result, its
-// random numbers from Philox keyed by the launch's reserved draw, so it is
-// queued like any kernel and split over threads without changing a bit.
-// Element i (in memory order) is kept when the top 24 bits of number i of
-// the stream are below keep * 2^24. The arithmetic is the CPU's
-// `input * mask * scale`: a dropped NaN or inf stays NaN.
-template <typename scalar_t>
-void dropout_kernel(const scalar_t* in, scalar_t* out, bool* mask, int64_t n,
-                    uint32_t threshold, double scale, const RandomDraw& draw) {
-  using opmath_t = at::opmath_type<scalar_t>;
-  const auto s = static_cast<opmath_t>(scale);
-  const Philox4x32 philox(draw);
-  constexpr int64_t kGrainBlocks = 4096;  // 16384 elements
-  parallel_chunks(0, (n + 3) / 4, kGrainBlocks, [&](int64_t b, int64_t e) {
-    const int64_t last = std::min(n, e * 4);  // this chunk's elements end
-    uint32_t r[4 * Philox4x32::kBatch];
-    for (int64_t block = b; block < e; block += Philox4x32::kBatch) {
-      philox.batch(static_cast<uint64_t>(block), r);
-      const int64_t first = block * 4;
-      const int64_t count =
-          std::min<int64_t>(4 * Philox4x32::kBatch, last - first);
-      for (int64_t j = 0; j < count; ++j) {
-        const bool keep = (r[j] >> 8) < threshold;
-        const int64_t i = first + j;
-        mask[i] = keep;
-        out[i] = static_cast<scalar_t>(static_cast<opmath_t>(in[i]) *
-                                       static_cast<opmath_t>(keep) * s);
-      }
-    }
-  });
-}
-
+// [doc:fused-dropout-launch]
+// One kernel writes the mask and the result (kernels/OpenRegDropout.cpp):
+// a host closure on the thread driver, the kernel library's named kernel
+// openreg_dropout on a device that runs named kernels only. Either way the
+// draw is reserved here, in program order, and the bits are the same.
 std::tuple<at::Tensor, at::Tensor> fused_dropout(const at::Tensor& input,
                                                  double keep) {
   const double scale = keep == 0. ? 0. : 1. / keep;
@@ -74,6 +50,22 @@ std::tuple<at::Tensor, at::Tensor> fused_dropout(const at::Tensor& input,
   const c10::DeviceIndex device = input.device().index();
   const RandomDraw draw = reserve_draw(std::nullopt, device);
   const int64_t n = input.numel();
+  if (!host_kernels_supported()) {
+    kernels::DropoutParams p{};
+    p.in = device_address(input);
+    p.out = device_address(out);
+    p.mask = device_address(mask);
+    p.n = n;
+    p.seed = draw.seed;
+    p.offset = draw.offset;
+    p.scale = scale;
+    p.threshold = threshold;
+    p.dtype = static_cast<int32_t>(input.scalar_type());
+    p.threads = kernel_thread_cap(n);
+    launch_function(device, "aten::native_dropout",
+                    named_kernel(NamedKernel::kDropout), &p, sizeof(p), n);
+    return {out, mask};
+  }
   launch_async(
       device, "aten::native_dropout",
       [in = borrowed_alias(input), res = borrowed_alias(out),
@@ -82,18 +74,14 @@ std::tuple<at::Tensor, at::Tensor> fused_dropout(const at::Tensor& input,
         const at::Tensor src = views.view(in);
         at::Tensor dst = views.view(res);
         at::Tensor bits = views.view(m);
-        AT_DISPATCH_FLOATING_TYPES_AND2(
-            at::kHalf, at::kBFloat16, src.scalar_type(), "native_dropout", [&] {
-              dropout_kernel<scalar_t>(src.const_data_ptr<scalar_t>(),
-                                       dst.mutable_data_ptr<scalar_t>(),
-                                       bits.mutable_data_ptr<bool>(), n,
-                                       threshold, scale, draw);
-            });
+        kernels::dropout(src.const_data_ptr(), dst.mutable_data_ptr(),
+                         bits.mutable_data_ptr<bool>(), n, src.scalar_type(),
+                         threshold, scale, draw.seed, draw.offset);
       },
       n);
   return {out, mask};
 }
-// [/doc:fused-dropout]
+// [/doc:fused-dropout-launch]
 
 }  // namespace
 
@@ -130,30 +118,32 @@ at::Tensor OpenRegNativeFunctions::native_dropout_backward(
   }
   at::Tensor out = at::empty_like(grad);
   const int64_t n = grad.numel();
+  const c10::DeviceIndex device = grad.device().index();
+  if (!host_kernels_supported()) {
+    kernels::DropoutBackwardParams p{};
+    p.grad = device_address(grad);
+    p.mask = device_address(mask);
+    p.out = device_address(out);
+    p.n = n;
+    p.scale = scale;
+    p.dtype = static_cast<int32_t>(grad.scalar_type());
+    p.threads = kernel_thread_cap(n);
+    launch_function(device, "aten::native_dropout_backward",
+                    named_kernel(NamedKernel::kDropoutBackward), &p, sizeof(p),
+                    n);
+    return out;
+  }
   launch_async(
-      grad.device().index(), "aten::native_dropout_backward",
+      device, "aten::native_dropout_backward",
       [g = borrowed_alias(grad), m = borrowed_alias(mask),
        res = borrowed_alias(out), n, scale] {
         KernelViews views;
         const at::Tensor src = views.view(g);
         const at::Tensor bits = views.view(m);
         at::Tensor dst = views.view(res);
-        AT_DISPATCH_FLOATING_TYPES_AND2(
-            at::kHalf, at::kBFloat16, src.scalar_type(),
-            "native_dropout_backward", [&] {
-              using opmath_t = at::opmath_type<scalar_t>;
-              const scalar_t* gp = src.const_data_ptr<scalar_t>();
-              const bool* mp = bits.const_data_ptr<bool>();
-              scalar_t* op = dst.mutable_data_ptr<scalar_t>();
-              const auto s = static_cast<opmath_t>(scale);
-              parallel_chunks(0, n, 16384, [&](int64_t b, int64_t e) {
-                for (int64_t i = b; i < e; ++i) {
-                  op[i] =
-                      static_cast<scalar_t>(static_cast<opmath_t>(gp[i]) *
-                                            static_cast<opmath_t>(mp[i]) * s);
-                }
-              });
-            });
+        kernels::dropout_backward(
+            src.const_data_ptr(), bits.const_data_ptr<bool>(),
+            dst.mutable_data_ptr(), n, src.scalar_type(), scale);
       },
       n);
   return out;

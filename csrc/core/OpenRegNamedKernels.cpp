@@ -15,9 +15,10 @@ namespace openreg {
 namespace {
 
 // In the order of NamedKernel.
-constexpr std::array<const char*, 5> kSymbols = {
-    "openreg_boxed_call", "openreg_fault_crash", "openreg_fault_fail",
-    "openreg_fault_delay", "openreg_profiler_stamp"};
+constexpr std::array<const char*, 7> kSymbols = {
+    "openreg_boxed_call",      "openreg_fault_crash",    "openreg_fault_fail",
+    "openreg_fault_delay",     "openreg_profiler_stamp", "openreg_dropout",
+    "openreg_dropout_backward"};
 
 struct Library {
   orModule_t module = nullptr;

@@ -21,6 +21,8 @@ enum class NamedKernel {
   kFail,       // openreg_fault_fail: fails with its bytes as the message
   kDelay,      // openreg_fault_delay: sleeps int64 microseconds
   kStamp,      // openreg_profiler_stamp: stores the clock at a pinned address
+  kDropout,    // openreg_dropout: kernels::DropoutParams
+  kDropoutBackward,  // openreg_dropout_backward: DropoutBackwardParams
 };
 
 // The function of `kernel`, loading the library on first use. Throws with

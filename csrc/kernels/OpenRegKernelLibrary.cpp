@@ -20,6 +20,7 @@
 
 #include "kernels/OpenRegBoxedCall.h"
 #include "kernels/OpenRegCallFormat.h"
+#include "kernels/OpenRegDropout.h"
 
 namespace {
 
@@ -28,17 +29,22 @@ void* translate(void* state, const void* device_address) {
   return ctx->translate(ctx, device_address);
 }
 
-// The call's thread count, for its parallel regions on this thread.
+// Where this kernel reaches the device address `address`; throws when it is
+// not device memory.
+void* device_ptr(orKernelContext* ctx, uint64_t address) {
+  void* p = ctx->translate(ctx, reinterpret_cast<const void*>(address));
+  TORCH_CHECK(p != nullptr, "address 0x", std::hex, address,
+              " is not device memory of device ", ctx->device);
+  return p;
+}
+
+// A kernel's thread count (0: any), for its parallel regions on this
+// thread, for the scope of the object.
 class KernelThreads {
  public:
-  KernelThreads(const void* params, size_t bytes) {
-    openreg::call::CallHeader h{};
-    if (bytes < sizeof(h)) {
-      return;
-    }
-    std::memcpy(&h, params, sizeof(h));
+  explicit KernelThreads(int threads) {
     const int max = omp_get_max_threads();
-    const int want = h.threads > 0 ? h.threads : max;
+    const int want = threads > 0 ? threads : max;
     if (want != max) {
       previous_ = max;
       omp_set_num_threads(want);
@@ -56,6 +62,49 @@ class KernelThreads {
   int previous_ = 0;
 };
 
+// The thread count a serialized call carries.
+int call_threads(const void* params, size_t bytes) {
+  openreg::call::CallHeader h{};
+  if (bytes < sizeof(h)) {
+    return 0;
+  }
+  std::memcpy(&h, params, sizeof(h));
+  return h.threads;
+}
+
+// The parameters of a fixed-layout kernel, or false (after report_error).
+template <typename P>
+bool read_params(const void* params, size_t bytes, orKernelContext* ctx,
+                 const char* kernel, P* out) {
+  if (bytes != sizeof(P)) {
+    const std::string message =
+        std::string(kernel) + ": expected " + std::to_string(sizeof(P)) +
+        " parameter bytes, got " + std::to_string(bytes);
+    ctx->report_error(ctx, message.c_str());
+    return false;
+  }
+  std::memcpy(out, params, sizeof(P));
+  return true;
+}
+
+// What a kernel throws becomes its launch's error, naming the operator.
+template <typename F>
+int run_reporting(orKernelContext* ctx, const std::string& op, F&& f) {
+  std::string what;
+  try {
+    f();
+    return 0;
+  } catch (const c10::Error& e) {
+    what = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  const std::string message =
+      "openreg kernel '" + op + "' failed on the device: " + what;
+  ctx->report_error(ctx, message.c_str());
+  return 1;
+}
+
 }  // namespace
 
 // A serialized boxed call (kernels/OpenRegCallFormat.h). What the CPU
@@ -68,20 +117,43 @@ extern "C" __attribute__((visibility("default"))) int openreg_boxed_call(
   if (ctx->version >= 2) {
     ctx->describe(ctx, op.c_str());
   }
-  std::string what;
-  try {
-    const KernelThreads threads(params, bytes);
+  return run_reporting(ctx, op, [&] {
+    const KernelThreads threads(call_threads(params, bytes));
     openreg::run_boxed_call(params, bytes, {&translate, ctx});
-    return 0;
-  } catch (const c10::Error& e) {
-    what = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    what = e.what();
+  });
+}
+
+// openreg's fused dropout (kernels/OpenRegDropout.h), forward and backward:
+// the same functions the thread driver's workers run.
+extern "C" __attribute__((visibility("default"))) int openreg_dropout(
+    const void* params, size_t bytes, orKernelContext* ctx) {
+  openreg::kernels::DropoutParams p;
+  if (!read_params(params, bytes, ctx, "openreg_dropout", &p)) {
+    return 1;
   }
-  const std::string message =
-      "openreg kernel '" + op + "' failed on the device: " + what;
-  ctx->report_error(ctx, message.c_str());
-  return 1;
+  return run_reporting(ctx, "aten::native_dropout", [&] {
+    const KernelThreads threads(p.threads);
+    openreg::kernels::dropout(device_ptr(ctx, p.in), device_ptr(ctx, p.out),
+                              static_cast<bool*>(device_ptr(ctx, p.mask)), p.n,
+                              static_cast<c10::ScalarType>(p.dtype),
+                              p.threshold, p.scale, p.seed, p.offset);
+  });
+}
+
+extern "C" __attribute__((visibility("default"))) int openreg_dropout_backward(
+    const void* params, size_t bytes, orKernelContext* ctx) {
+  openreg::kernels::DropoutBackwardParams p;
+  if (!read_params(params, bytes, ctx, "openreg_dropout_backward", &p)) {
+    return 1;
+  }
+  return run_reporting(ctx, "aten::native_dropout_backward", [&] {
+    const KernelThreads threads(p.threads);
+    openreg::kernels::dropout_backward(
+        device_ptr(ctx, p.grad),
+        static_cast<const bool*>(device_ptr(ctx, p.mask)),
+        device_ptr(ctx, p.out), p.n, static_cast<c10::ScalarType>(p.dtype),
+        p.scale);
+  });
 }
 
 // [doc:crash-kernel]

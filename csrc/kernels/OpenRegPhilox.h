@@ -7,7 +7,8 @@
 // kernel split its work over threads and still be deterministic.
 //
 // openreg's fused kernels (dropout) key it with a launch's reserved draw
-// (OpenRegGenerator.h): key = the seed, counter = (block index, offset).
+// (random/OpenRegGenerator.h): key = the seed, counter = (block index,
+// offset). Device-side code: no host state.
 #pragma once
 
 #if defined(__SSE2__)
@@ -17,8 +18,6 @@
 #include <array>
 #include <cstdint>
 
-#include "random/OpenRegGenerator.h"
-
 namespace openreg {
 
 class Philox4x32 {
@@ -26,11 +25,10 @@ class Philox4x32 {
   using Block = std::array<uint32_t, 4>;
 
   // The stream of one launch's draw: block i is numbers 4i .. 4i+3.
-  explicit Philox4x32(const RandomDraw& draw)
-      : key_{static_cast<uint32_t>(draw.seed),
-             static_cast<uint32_t>(draw.seed >> 32)},
-        offset_{static_cast<uint32_t>(draw.offset),
-                static_cast<uint32_t>(draw.offset >> 32)} {}
+  Philox4x32(uint64_t seed, uint64_t offset)
+      : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)},
+        offset_{static_cast<uint32_t>(offset),
+                static_cast<uint32_t>(offset >> 32)} {}
 
   Block block(uint64_t index) const {
     Block c{static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),

@@ -5,7 +5,7 @@
 // built without -fopenmp it silently runs the whole range on one thread. And
 // on a stream worker it would also initialise ATen's per-thread threading
 // state, which slows the CPU kernels the worker runs afterwards
-// (OpenRegLaunch.cpp, WorkerThreads). parallel_chunks is the split without
+// (aten/OpenRegLaunch.cpp, WorkerThreads). parallel_chunks is the split without
 // either: one OpenMP region on torch's own OpenMP runtime, its team the
 // calling thread's OpenMP thread count, which the stream worker sets per
 // kernel.

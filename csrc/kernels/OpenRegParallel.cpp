@@ -1,7 +1,7 @@
 // Compiled with -fopenmp (csrc/CMakeLists.txt), linked against torch's own
 // libgomp: the same runtime, and the same thread pool per calling thread,
 // as the CPU kernels the stream worker runs.
-#include "aten/OpenRegParallel.h"
+#include "kernels/OpenRegParallel.h"
 
 #include <omp.h>
 
