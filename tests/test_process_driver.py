@@ -277,6 +277,13 @@ def test_openreg_kernels_match_the_cpu(py):
             xs[::2].copy_(xs[1::2])  # a same-device copy
             xc = x.clone(); xc[::2].copy_(xc[1::2])
             checks["copy"] = torch.equal(xs.cpu(), xc)
+            # A transposing, converting copy between two storages: queued as
+            # a named kernel (a serialized aten::copy_), not staged.
+            staged_before = torch.openreg._launch_stats()["staged"]
+            yt = torch.empty(32, 64, dtype=torch.float64, device=d)
+            yt.copy_(xs.t())
+            checks["copy queued"] = torch.openreg._launch_stats()["staged"] == staged_before
+            checks["converting copy"] = torch.equal(yt.cpu(), xc.t().double())
             stats = torch.openreg._launch_stats()
             staged = stats["staged_by_op"]
             checks["staged"] = stats["staged"] > 0 and "aten::native_dropout" not in staged

@@ -8,13 +8,18 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <array>
 #include <cstring>
+#include <vector>
 
 #include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
+#include "aten/fallback/OpenRegCallEncoder.h"
+#include "aten/fallback/OpenRegOpTraits.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
+#include "core/OpenRegNamedKernels.h"
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegMemcpy.h"
 
@@ -24,6 +29,31 @@ namespace {
 
 bool is_openreg(const at::Tensor& t) {
   return t.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+// A same-device copy on a device that runs named kernels only
+// (OPENREG_DRIVER=process): the serialized call aten::copy_(dst, src),
+// queued as the kernel library's openreg_boxed_call, which runs PyTorch's CPU
+// copy kernel on the device's own mapping (strides, broadcasting, dtype
+// conversion). False when the call cannot be written as bytes.
+bool launch_named_copy(const at::Tensor& src, const at::Tensor& dst,
+                       c10::DeviceIndex device) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+  const std::array<c10::IValue, 3> args{dst, src, false};
+  CallToEncode call;
+  call.op = &op;
+  call.mode = call::Mode::kCopyResults;
+  call.traits = &op_traits(op);
+  call.args = args;
+  call.threads = kernel_thread_cap(dst.numel());
+  thread_local std::vector<uint8_t> bytes;
+  if (!encode_call(call, bytes)) {
+    return false;
+  }
+  launch_function(device, "aten::copy_", named_kernel(NamedKernel::kBoxedCall),
+                  bytes.data(), bytes.size(), dst.numel());
+  return true;
 }
 
 // True when a byte-for-byte copy of the dense span is the whole job.
@@ -129,19 +159,26 @@ at::Tensor OpenRegNativeFunctions::_copy_from(const at::Tensor& self,
                        try_staged_h2d_copy(self, dst, device))) {
     return dst;
   }
-  if (host_kernels_supported() && is_openreg(self) && is_openreg(dst) &&
+  if (is_openreg(self) && is_openreg(dst) &&
       self.device().index() == dst.device().index() &&
       !self.storage().is_alias_of(dst.storage()) &&
       at::is_expandable_to(self.sizes(), dst.sizes()) &&
       at::has_internal_overlap(dst) != at::MemOverlap::Yes) {
     // Device to device on one device: a kernel queued on the stream (the
-    // host does not wait), with non-owning handles like every async kernel.
-    launch_async(device, "aten::copy_",
-                 [src = borrowed_alias(self), out = borrowed_alias(dst)]() {
-                   KernelViews views;
-                   views.view(out).copy_(views.view(src));
-                 });
-    return dst;
+    // host does not wait), with non-owning handles like every async kernel;
+    // a named kernel on a device that runs only those.
+    if (!host_kernels_supported()) {
+      if (launch_named_copy(self, dst, device)) {
+        return dst;
+      }
+    } else {
+      launch_async(device, "aten::copy_",
+                   [src = borrowed_alias(self), out = borrowed_alias(dst)]() {
+                     KernelViews views;
+                     views.view(out).copy_(views.view(src));
+                   });
+      return dst;
+    }
   }
   if (!non_blocking && (!is_openreg(self) || !is_openreg(dst))) {
     // As CUDA's copy_: a blocking copy to or from the host waits for the
