@@ -86,7 +86,9 @@ orError_t orEventCreateWithFlags(orEvent_t* event, unsigned int flags) {
                               (flags & orEventDisableTiming) == 0,
                               std::make_shared<EventState>()};
   if (process_driver()) {
-    created->slot = proc::event_slot_alloc();
+    // Generations continue from the slot's previous events (under the new
+    // event's own count, recorded > base means "recorded at least once").
+    created->slot = proc::event_slot_alloc(&created->state->recorded);
     if (created->slot < 0) {
       delete created;
       return orErrorMemoryAllocation;
@@ -114,12 +116,11 @@ orError_t orEventDestroy(orEvent_t event) {
       std::lock_guard<std::mutex> lock(r.mu);
       r.events.erase(event);
     }
-    // A record still queued writes the slot later: wait for it first (a
-    // lost device writes nothing more).
-    if (event->ring >= 0) {
-      proc::wait_ticket(event->dev, event->ring, event->ticket);
-    }
-    proc::event_slot_free(event->slot);
+    // A record still queued writes the slot later: the slot is reused only
+    // once it has run, and the caller does not wait for it.
+    std::lock_guard<std::mutex> lock(event->state->mu);
+    proc::event_slot_free(event->slot, event->dev, event->ring, event->ticket,
+                          event->state->recorded);
   }
   delete event;
   return orSuccess;
@@ -269,7 +270,7 @@ orError_t orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
     int i = 0;
     for (orEvent_t ev : {start, end}) {
       std::lock_guard<std::mutex> lock(ev->state->mu);
-      if (ev->state->recorded == 0) {
+      if (ev->ring < 0) {  // never recorded
         return orErrorInvalidEventTiming;
       }
       if (!proc::ticket_done(ev->dev, ev->ring, ev->ticket)) {

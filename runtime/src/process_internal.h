@@ -34,8 +34,17 @@ struct PinnedPool {
 struct Shared {
   int events_fd = -1;
   openreg_proc::Events* events = nullptr;
-  std::mutex events_mu;  // guards free_events
+  std::mutex events_mu;  // guards free_events and retiring_events
   std::vector<int> free_events;
+  // Slots of destroyed events whose latest record may still be queued.
+  struct RetiringEvent {
+    int slot;
+    const Device* dev;
+    int ring;
+    uint64_t ticket;
+    uint64_t generation;
+  };
+  std::vector<RetiringEvent> retiring_events;
   PinnedPool pinned;
   std::mutex names_mu;  // guards function_names
   std::vector<std::string> function_names;

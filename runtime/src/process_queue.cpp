@@ -299,23 +299,44 @@ orError_t memset(orStream* stream, void* dst, int value, size_t count) {
 
 // ---- events -----------------------------------------------------------
 
-int event_slot_alloc() {
+int event_slot_alloc(uint64_t* base) {
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.events_mu);
+  if (s.free_events.empty()) {
+    // Reclaim the slots whose last record has run (or never will).
+    auto& retiring = s.retiring_events;
+    size_t kept = 0;
+    for (const Shared::RetiringEvent& r : retiring) {
+      const bool lost = check_not_lost(r.dev) != orSuccess;
+      if (r.ring < 0 || lost || ticket_done(r.dev, r.ring, r.ticket)) {
+        if (lost) {
+          event_force_complete(r.slot, r.generation);
+        }
+        s.free_events.push_back(r.slot);
+      } else {
+        retiring[kept++] = r;
+      }
+    }
+    retiring.resize(kept);
+  }
   if (s.free_events.empty()) {
     return -1;
   }
   const int slot = s.free_events.back();
   s.free_events.pop_back();
-  s.events->slots[slot].completed.store(0);
-  s.events->slots[slot].timestamp_ns = 0;
+  EventSlot& e = s.events->slots[slot];
+  // Not reset to 0: a wait another stream queued for the slot's previous
+  // event may not have run yet, and must still find its generation reached.
+  *base = e.completed.load(std::memory_order_acquire);
+  e.timestamp_ns = 0;
   return slot;
 }
 
-void event_slot_free(int slot) {
+void event_slot_free(int slot, const Device* dev, int ring, uint64_t ticket,
+                     uint64_t generation) {
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.events_mu);
-  s.free_events.push_back(slot);
+  s.retiring_events.push_back({slot, dev, ring, ticket, generation});
 }
 
 orError_t event_record(orStream* stream, int slot, uint64_t generation,

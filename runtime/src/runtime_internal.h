@@ -130,8 +130,15 @@ void pinned_free(void* ptr);
 orError_t copy(Stream* stream, void* dst, const void* src, size_t count,
                bool dst_is_device, bool src_is_device, bool wait);
 orError_t memset(Stream* stream, void* dst, int value, size_t count);
-int event_slot_alloc();
-void event_slot_free(int slot);
+// A free slot of the event table, or -1; *base is the generation its
+// previous events reached (generations of a slot only grow, so a wait
+// queued for an earlier event of the slot is never undone by a later one).
+int event_slot_alloc(uint64_t* base);
+// Gives the slot back once its latest record (ticket in `ring` of `dev`,
+// ring -1: never recorded) has completed or the device is lost; returns at
+// once, as cudaEventDestroy does.
+void event_slot_free(int slot, const Device* dev, int ring, uint64_t ticket,
+                     uint64_t generation);
 // Records into the event's slot (for device-side waits); *ticket is the
 // command's number in the stream's ring. The host asks the ring whether a
 // record has completed (ticket_done, wait_ticket), so "the event has

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -369,13 +370,61 @@ TEST_F(ModuleTest, EventDestroyedWithItsRecordStillQueued) {
   orEvent_t event = nullptr;
   OR_ASSERT_OK(orEventCreate(&event));
   OR_ASSERT_OK(orEventRecord(event, stream.get()));
-  gate.Open();
+  gate.WaitEntered();
+  // Returns at once, as cudaEventDestroy does: the gate is still closed.
   OR_EXPECT_OK(orEventDestroy(event));
+  gate.Open();
   OR_EXPECT_OK(orStreamSynchronize(stream.get()));
   // A new event works as usual.
   EventHandle again;
   OR_ASSERT_OK(orEventRecord(again.get(), stream.get()));
   OR_EXPECT_OK(orEventSynchronize(again.get()));
+}
+
+// True once `stream` is idle, false if it is still busy after two seconds.
+bool DrainsWithinTwoSeconds(orStream_t stream) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (orStreamQuery(stream) == orErrorNotReady) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST_F(ModuleTest, WaitQueuedForADestroyedEventIsNotUndoneByTheNext) {
+  // torch's Stream.wait_stream: record on one stream, wait on another,
+  // destroy the event. The waiting stream is still busy, so its wait runs
+  // after the event is gone and its resources may serve the next event;
+  // that event, never recorded, must not hold the wait back.
+  StreamHandle producer;
+  StreamHandle consumer;
+  auto consumer_gate = std::make_unique<GateLaunch>(this, consumer.get());
+  {
+    GateLaunch producer_gate(this, producer.get());
+    orEvent_t event = nullptr;
+    OR_ASSERT_OK(orEventCreate(&event));
+    OR_ASSERT_OK(orEventRecord(event, producer.get()));
+    OR_ASSERT_OK(orStreamWaitEvent(consumer.get(), event));
+    producer_gate.Open();
+    OR_ASSERT_OK(orStreamSynchronize(producer.get()));
+    OR_ASSERT_OK(orEventDestroy(event));
+  }
+  std::vector<std::unique_ptr<EventHandle>> next;
+  for (int i = 0; i < 8; ++i) {
+    next.push_back(std::make_unique<EventHandle>());
+  }
+  consumer_gate->Open();
+  const bool drained = DrainsWithinTwoSeconds(consumer.get());
+  EXPECT_TRUE(drained) << "the consumer's wait was undone by a new event";
+  if (!drained) {
+    for (auto& event : next) {  // unblock it, so the test can end
+      OR_EXPECT_OK(orEventRecord(event->get(), producer.get()));
+    }
+  }
+  consumer_gate.reset();
 }
 
 TEST_F(ModuleTest, AsyncCopiesWithPinnedMemoryRunInStreamOrder) {
