@@ -365,6 +365,15 @@ IpcShare share_storage(const c10::Storage& storage) {
   TORCH_CHECK(storage.device_type() == c10::DeviceType::PrivateUse1,
               "share_storage expects an openreg storage, got one on ",
               storage.device());
+  // Before anything changes hands: the process driver has no IPC handles
+  // yet (orIpcGetMemHandle returns orErrorNotSupported).
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      host_kernels_supported(),
+      "openreg: sharing device memory with another process "
+      "(torch.multiprocessing, "
+      "ForkingPickler) does not work yet with a driver that runs named kernels "
+      "only (OPENREG_DRIVER=process; docs/process-driver.md, step 5); use "
+      "OPENREG_DRIVER=thread, the default");
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   const c10::DataPtr& data = impl->data_ptr();
   TORCH_CHECK(data.get() != nullptr, "share_storage: empty storage");
