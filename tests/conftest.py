@@ -90,6 +90,30 @@ def _isolate_test(request):
 # Subprocesses
 
 
+def device_pids(parent=None):
+    """Device ordinal -> pid of the device processes of ``parent`` (default:
+    this process) with OPENREG_DRIVER=process: its children named
+    openreg-dev<N>. Self-contained, so scripts for a fresh interpreter can
+    carry its source (test_process_driver.DEVICE_PIDS)."""
+    import os
+
+    parent = os.getpid() if parent is None else parent
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if ppid == parent and comm.startswith("openreg-dev"):
+            found[int(comm[len("openreg-dev") :])] = int(entry)
+    return found
+
+
 def clean_env(**overrides):
     """The current environment without OPENREG_* and _SETTINGS, plus overrides.
 

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 import torch
-from conftest import describe
+from conftest import describe, device_pids
 
 DEV = "openreg"
 KiB, MiB = 1024, 1024 * 1024
@@ -145,19 +145,9 @@ def device_memory_pid():
     or with OPENREG_DRIVER=process device 0's own process (openreg-dev0)."""
     if not torch.openreg._named_kernels_only():
         return os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if ppid == os.getpid() and comm == "openreg-dev0":
-            return int(entry)
-    raise AssertionError("no device process openreg-dev0 among this process's children")
+    pids = device_pids()
+    assert 0 in pids, f"no device process openreg-dev0 among this process's children: {pids}"
+    return pids[0]
 
 
 def test_empty_cache_returns_physical_memory():

@@ -9,6 +9,7 @@ CPU. Kernels not yet ported to named kernels raise NotImplementedError
 (docs/process-driver.md, "Where it stands").
 """
 
+import inspect
 import json
 import signal
 import subprocess
@@ -17,31 +18,12 @@ import textwrap
 import time
 
 import pytest
-from conftest import clean_env, describe
+from conftest import clean_env, describe, device_pids
 
 PROCESS = {"OPENREG_DRIVER": "process", "OPENREG_FALLBACK_WARNINGS": "0"}
 
-# Device ordinal -> pid of this process's device processes (their command
-# name is openreg-dev<N>).
-DEVICE_PIDS = """
-import os
-def device_pids(parent=None):
-    parent = os.getpid() if parent is None else parent
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if ppid == parent and comm.startswith("openreg-dev"):
-            found[int(comm[len("openreg-dev"):])] = int(entry)
-    return found
-"""
+# The source of conftest.device_pids, for the scripts these tests run.
+DEVICE_PIDS = "\nimport os\n" + inspect.getsource(device_pids) + "\n"
 
 
 def gone(pid, within_s=5.0, zombie_ok=False):
