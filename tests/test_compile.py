@@ -458,10 +458,24 @@ def test_launcher_rejects_bad_arguments(launcher):
     with pytest.raises(RuntimeError, match="argument 1 is on openreg:1 but argument 0"):
         launcher(one, out.to("openreg:1"), 4)
     with pytest.raises(RuntimeError, match="bad signature 'rx'"):
-        _C._CompiledKernel("k", 1, "rx", None)
-    with pytest.raises(RuntimeError, match="null entry point"):
-        _C._CompiledKernel("k", 0, "r", None)
+        _C._CompiledKernel("k", "/lib.so", "openreg_launch", "rx")
+    with pytest.raises(RuntimeError, match="no library path or symbol"):
+        _C._CompiledKernel("k", "", "openreg_launch", "r")
     assert torch.equal(out.cpu(), torch.zeros(4))  # nothing ran
+
+
+def test_launcher_of_a_missing_library_fails_on_the_device(tmp_path):
+    # The device loads the library by path when the kernel runs: a library
+    # gone by then is the kernel's failure, raised at the synchronization
+    # with the path, and the stream goes on.
+    kernel = _C._CompiledKernel("k_gone", str(tmp_path / "gone.so"), "openreg_launch", "p")
+    out = torch.zeros(4, device=D)
+    kernel(out)
+    with pytest.raises(
+        RuntimeError, match=r"k_gone.*cannot load the compiled kernel library '.*gone\.so'"
+    ):
+        torch.openreg.synchronize()
+    close(out + 1, torch.ones(4))
 
 
 # ---------------------------------------------------------------------------

@@ -170,15 +170,7 @@ def test_jagged_layout_eager_and_compiled(inductor_cache):
     cpu = torch.nested.nested_tensor(parts, layout=torch.jagged)
     dev = torch.nested.nested_tensor([p.to(D) for p in parts], layout=torch.jagged)
     torch.testing.assert_close(fn(dev).values().cpu(), fn(cpu).values())
-    compiled = torch.compile(fn)
-    if torch.openreg._named_kernels_only():
-        # Inductor's kernels do not run on a device process yet
-        # (docs/process-driver.md, step 5): a clear error, not a wrong value.
-        with pytest.raises(NotImplementedError, match="OPENREG_DRIVER=process"):
-            compiled(dev)
-        torch._dynamo.reset()  # the failed frame's cache holds device tensors
-        return
-    out = compiled(dev)
+    out = torch.compile(fn)(dev)
     assert out.device.type == D
     torch.testing.assert_close(out.values().cpu(), fn(cpu).values())
 

@@ -5,7 +5,7 @@ to it as serialized boxed calls, synchronous ones stage their tensors
 through host memory, and a device whose process dies is lost without taking
 the program with it. Every test runs a fresh interpreter with that driver
 (the suite itself runs with the thread driver) and compares values with the
-CPU. Kernels not yet ported to named kernels raise NotImplementedError
+CPU. What the driver does not run yet raises NotImplementedError
 (docs/process-driver.md, "Where it stands").
 """
 
@@ -310,24 +310,83 @@ def test_dropout_is_a_named_kernel_with_the_thread_drivers_bits(py):
     assert 0.65 < process["torch.float32 kept"] < 0.75, process
 
 
-def test_compiled_kernels_raise_a_clear_error(py):
+COMPILED_STEP = """
+import copy, json, torch, torch_openreg
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+x, y = torch.randn(8, 16), torch.randn(8, 4)
+
+def step(m, x, y):
+    loss = torch.nn.functional.mse_loss(m(x).sin() * 2 + 1, y)
+    loss.backward()
+    return loss
+
+ref = step(model, x, y).detach()
+ref_grads = [p.grad.clone() for p in model.parameters()]
+dev = copy.deepcopy(model).to("openreg")
+dev.zero_grad(set_to_none=True)
+loss = torch.compile(step)(dev, x.to("openreg"), y.to("openreg"))
+out = {
+    "loss": torch.allclose(loss.cpu(), ref, atol=1e-5),
+    "grads": all(torch.allclose(p.grad.cpu(), g, atol=1e-5)
+                 for p, g in zip(dev.parameters(), ref_grads)),
+    "staged": sorted(torch.openreg._launch_stats()["staged_by_op"]),
+}
+# The device process loaded Inductor's libraries itself.
+maps = open(f"/proc/{device_pids()[0]}/maps").read()
+out["libraries in the device"] = sorted(
+    {line.split()[-1].rsplit("/", 1)[-1] for line in maps.splitlines()
+     if "inductor" in line and line.endswith(".so")})
+print(json.dumps(out))
+"""
+
+
+def test_compiled_kernels_run_in_the_device_process(py, tmp_path):
+    out = last_json(
+        py(
+            DEVICE_PIDS + COMPILED_STEP,
+            timeout=300,
+            TORCHINDUCTOR_CACHE_DIR=tmp_path / "inductor",
+            **PROCESS,
+        )
+    )
+    assert out["loss"] and out["grads"], out
+    assert out["libraries in the device"], out
+    assert not [op for op in out["staged"] if op.startswith("cpp_")], out
+
+
+def test_a_compiled_kernel_that_faults_loses_the_device_only(py, tmp_path):
+    # A bad Inductor kernel (here one writing through a null pointer) kills
+    # its device process: the program gets an AcceleratorError naming the
+    # kernel, and the other device still computes.
     out = last_json(
         py(
             """
             import json, torch, torch_openreg
-            f = torch.compile(lambda x: torch.sin(x) * 2 + 1)
+            from torch._inductor.async_compile import AsyncCompile
+            from torch_openreg.compile import inductor, kernels
+            source = 'extern "C" void kernel(float* out) { *(volatile int*)0 = out != 0; }'
+            source += inductor.launch_entry(["float*"])
+            k = kernels.compile_kernel(AsyncCompile(), "bad_kernel", "p", source)
+            k = k.result() if hasattr(k, "result") else k
+            k(torch.zeros(4, device="openreg:1"))
             try:
-                f(torch.randn(8, device="openreg"))
+                torch.openreg.synchronize(1)
                 error = None
-            except Exception as e:
-                error = type(e).__name__ + ": " + str(e)
-            print(json.dumps({"error": error}))
+            except torch.AcceleratorError as e:
+                error = str(e)
+            other = (torch.arange(4.0, device="openreg:0") * 2).cpu().tolist()
+            print(json.dumps({"error": error, "other": other}))
             """,
             timeout=300,
+            TORCHINDUCTOR_CACHE_DIR=tmp_path / "inductor",
             **PROCESS,
         )
     )
-    assert out["error"] and "OPENREG_DRIVER=process" in out["error"], out
+    error = out["error"]
+    assert error is not None and "SIGSEGV" in error, out
+    assert "openreg_compiled_kernel' (bad_kernel)" in error, error
+    assert out["other"] == [0.0, 2.0, 4.0, 6.0], out
 
 
 def test_crash_device_refuses_the_thread_driver():

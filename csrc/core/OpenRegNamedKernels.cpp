@@ -15,10 +15,10 @@ namespace openreg {
 namespace {
 
 // In the order of NamedKernel.
-constexpr std::array<const char*, 7> kSymbols = {
-    "openreg_boxed_call",      "openreg_fault_crash",    "openreg_fault_fail",
-    "openreg_fault_delay",     "openreg_profiler_stamp", "openreg_dropout",
-    "openreg_dropout_backward"};
+constexpr std::array<const char*, 8> kSymbols = {
+    "openreg_boxed_call",       "openreg_fault_crash",    "openreg_fault_fail",
+    "openreg_fault_delay",      "openreg_profiler_stamp", "openreg_dropout",
+    "openreg_dropout_backward", "openreg_compiled_kernel"};
 
 struct Library {
   orModule_t module = nullptr;

@@ -23,6 +23,7 @@ enum class NamedKernel {
   kStamp,      // openreg_profiler_stamp: stores the clock at a pinned address
   kDropout,    // openreg_dropout: kernels::DropoutParams
   kDropoutBackward,  // openreg_dropout_backward: DropoutBackwardParams
+  kCompiledKernel,   // openreg_compiled_kernel: a torch.compile kernel
 };
 
 // The function of `kernel`, loading the library on first use. Throws with

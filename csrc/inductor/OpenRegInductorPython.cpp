@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/utils/python_numbers.h>
 
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -20,41 +21,39 @@ namespace {
 
 // [doc:compiled-kernel-class]
 // A kernel Inductor compiled for openreg, as the generated Python wrapper
-// calls it: kernel(buf0, arg1_1, 128). `signature` has one letter per
-// argument: 'p' a tensor whose memory the kernel writes (and may read), 'r'
-// one it only reads, 'i' an int64 size, 'f' a float. The library that holds
-// `entry` stays loaded while this object lives, and after (ctypes never
-// unloads a library), so kernels still queued when the compiled graph is
-// freed keep their code.
+// calls it: kernel(buf0, arg1_1, 128). `path` and `symbol` name its entry
+// point in the compiled library, which the device loads (the host's ctypes
+// copy is never called). `signature` has one letter per argument: 'p' a
+// tensor whose memory the kernel writes (and may read), 'r' one it only
+// reads, 'i' an int64 size, 'f' a float.
 class CompiledKernel {
  public:
-  CompiledKernel(std::string name, uintptr_t entry, std::string signature,
-                 py::object library)
-      : name_(std::move(name)),
-        entry_(reinterpret_cast<KernelEntry>(entry)),
-        signature_(std::move(signature)),
-        library_(std::move(library)) {
-    TORCH_CHECK(entry_ != nullptr, "openreg compiled kernel ", name_,
-                ": null entry point");
+  CompiledKernel(std::string name, const std::string& path,
+                 const std::string& symbol, std::string signature)
+      : name_(std::move(name)), signature_(std::move(signature)) {
+    TORCH_CHECK(!path.empty() && !symbol.empty(), "openreg compiled kernel ",
+                name_, ": no library path or symbol");
     for (char c : signature_) {
       TORCH_CHECK(c == 'p' || c == 'r' || c == 'i' || c == 'f',
                   "openreg compiled kernel ", name_, ": bad signature '",
                   signature_, "' (one of p, r, i, f per argument)");
     }
+    prefix_ = compiled_kernel_prefix(name_, path, symbol);
   }
 
   void operator()(const py::args& args) const {
+    using compiled::ArgKind;
     const size_t n = signature_.size();
     TORCH_CHECK(args.size() == n, "openreg compiled kernel ", name_, " takes ",
                 n, " arguments (signature '", signature_, "'), got ",
                 args.size());
-    KernelArgs kernel_args;
-    kernel_args.reserve(n);
+    c10::SmallVector<compiled::CompiledKernelArg, 16> kernel_args(n);
     c10::DeviceIndex device = -1;
     size_t device_arg = 0;
     for (size_t i = 0; i < n; ++i) {
       PyObject* obj = PyTuple_GET_ITEM(args.ptr(), i);
       const char kind = signature_[i];
+      compiled::CompiledKernelArg& arg = kernel_args[i];
       if (kind == 'p' || kind == 'r') {
         TORCH_CHECK(THPVariable_Check(obj), "openreg compiled kernel ", name_,
                     ": argument ", i, " must be a tensor, got ",
@@ -72,36 +71,41 @@ class CompiledKernel {
                         " is on openreg:", static_cast<int>(device));
           }
           // The device address (never dereferenced on the host).
-          kernel_args.push_back(KernelArg::pointer(t.const_data_ptr()));
+          const auto address = reinterpret_cast<uint64_t>(t.const_data_ptr());
+          arg.kind = ArgKind::kDevicePointer;
+          std::memcpy(arg.value, &address, sizeof(address));
         } else {
           // Inductor hands a device kernel the one-element CPU tensors it
           // reads (an optimizer's step count): passed by value.
           TORCH_CHECK(t.is_cpu() && kind == 'r' && t.numel() == 1 &&
-                          t.element_size() <= KernelArg::kMaxScalarBytes,
+                          t.element_size() <= sizeof(arg.value),
                       "openreg compiled kernel ", name_, ": argument ", i,
                       " is a ", t.device().str(), " tensor of ", t.numel(),
                       " elements", kind == 'p' ? " that the kernel writes" : "",
                       "; the kernel runs on openreg and takes openreg tensors "
                       "(and one-element CPU tensors it only reads)");
-          kernel_args.push_back(
-              KernelArg::host_scalar(t.const_data_ptr(), t.element_size()));
+          arg.kind = ArgKind::kHostScalar;
+          std::memcpy(arg.value, t.const_data_ptr(), t.element_size());
         }
       } else if (kind == 'i') {
         TORCH_CHECK(THPUtils_checkLong(obj), "openreg compiled kernel ", name_,
                     ": argument ", i, " must be an int, got ",
                     Py_TYPE(obj)->tp_name);
-        kernel_args.push_back(KernelArg::integer(THPUtils_unpackLong(obj)));
+        const int64_t v = THPUtils_unpackLong(obj);
+        arg.kind = ArgKind::kInt;
+        std::memcpy(arg.value, &v, sizeof(v));
       } else {
         TORCH_CHECK(THPUtils_checkDouble(obj), "openreg compiled kernel ",
                     name_, ": argument ", i, " must be a float, got ",
                     Py_TYPE(obj)->tp_name);
-        kernel_args.push_back(
-            KernelArg::real(static_cast<float>(THPUtils_unpackDouble(obj))));
+        const auto v = static_cast<float>(THPUtils_unpackDouble(obj));
+        arg.kind = ArgKind::kFloat;
+        std::memcpy(arg.value, &v, sizeof(v));
       }
     }
     TORCH_CHECK(device >= 0, "openreg compiled kernel ", name_,
                 " has no openreg tensor argument, so no device to run on");
-    launch_compiled_kernel(device, name_, entry_, std::move(kernel_args));
+    launch_compiled_kernel(device, name_, prefix_, kernel_args);
   }
 
   const std::string& name() const { return name_; }
@@ -109,9 +113,8 @@ class CompiledKernel {
 
  private:
   std::string name_;
-  KernelEntry entry_;
   std::string signature_;
-  py::object library_;
+  std::string prefix_;  // the launch's header, name, path and symbol
 };
 // [/doc:compiled-kernel-class]
 
@@ -119,9 +122,9 @@ class CompiledKernel {
 
 void init_python_bindings(py::module_& m) {
   py::class_<CompiledKernel>(m, "_CompiledKernel")
-      .def(py::init<std::string, uintptr_t, std::string, py::object>(),
-           py::arg("name"), py::arg("entry"), py::arg("signature"),
-           py::arg("library"))
+      .def(py::init<std::string, std::string, std::string, std::string>(),
+           py::arg("name"), py::arg("path"), py::arg("symbol"),
+           py::arg("signature"))
       .def("__call__", &CompiledKernel::operator())
       .def_property_readonly("name", &CompiledKernel::name)
       .def_property_readonly("signature", &CompiledKernel::signature)

@@ -6,6 +6,8 @@
 // It links ATen's CPU kernels, never the openreg runtime nor Python:
 // everything it needs from the device comes in orKernelContext.
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
+#include <dlfcn.h>
 #include <omp.h>
 #include <openreg.h>
 
@@ -15,11 +17,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "kernels/OpenRegBoxedCall.h"
 #include "kernels/OpenRegCallFormat.h"
+#include "kernels/OpenRegCompiledKernelFormat.h"
 #include "kernels/OpenRegDropout.h"
 
 namespace {
@@ -105,6 +110,86 @@ int run_reporting(orKernelContext* ctx, const std::string& op, F&& f) {
   return 1;
 }
 
+// [doc:compiled-kernel-device]
+// The entry point `symbol` of the compiled kernel library at `path`, loaded
+// on first use and kept for the life of the device (queued launches may
+// still need it; ctypes never unloads the host's copy either). Throws with
+// dlerror's text when the library or the symbol is missing.
+using CompiledEntry = void (*)(void* const* params);
+
+CompiledEntry compiled_entry(const std::string& path,
+                             const std::string& symbol) {
+  static std::mutex mutex;
+  static std::unordered_map<std::string, CompiledEntry> entries;
+  const std::string key = path + '\0' + symbol;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = entries.find(key);
+  if (it != entries.end()) {
+    return it->second;
+  }
+  void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    const char* why = dlerror();
+    TORCH_CHECK(false, "cannot load the compiled kernel library '", path,
+                "': ", why != nullptr ? why : "unknown error");
+  }
+  void* entry = dlsym(library, symbol.c_str());
+  TORCH_CHECK(entry != nullptr, "the compiled kernel library '", path,
+              "' has no symbol '", symbol, "'");
+  auto fn = reinterpret_cast<CompiledEntry>(entry);
+  entries.emplace(key, fn);
+  return fn;
+}
+
+// A kernel Inductor compiled (kernels/OpenRegCompiledKernelFormat.h): the
+// one place where its device addresses become kernel-view pointers.
+void run_compiled_kernel(const unsigned char* bytes, size_t size,
+                         const openreg::compiled::CompiledKernelHeader& h,
+                         orKernelContext* ctx) {
+  using openreg::compiled::ArgKind;
+  using openreg::compiled::CompiledKernelArg;
+  const size_t names = sizeof(h) + h.name_len;
+  const std::string path(reinterpret_cast<const char*>(bytes) + names,
+                         h.path_len);
+  const std::string symbol(
+      reinterpret_cast<const char*>(bytes) + names + h.path_len, h.symbol_len);
+  const CompiledEntry entry = compiled_entry(path, symbol);
+  // The arguments, copied to aligned storage: params[i] points into it.
+  c10::SmallVector<CompiledKernelArg, 16> args(h.n_args);
+  std::memcpy(args.data(), bytes + names + h.path_len + h.symbol_len,
+              h.n_args * sizeof(CompiledKernelArg));
+  c10::SmallVector<void*, 16> pointers(h.n_args, nullptr);
+  c10::SmallVector<void*, 16> params(h.n_args, nullptr);
+  for (uint32_t i = 0; i < h.n_args; ++i) {
+    CompiledKernelArg& arg = args[i];
+    switch (arg.kind) {
+      case ArgKind::kDevicePointer: {
+        uint64_t address = 0;
+        std::memcpy(&address, arg.value, sizeof(address));
+        // Empty tensors have no memory (0) and stay so.
+        if (address != 0) {
+          pointers[i] = device_ptr(ctx, address);
+        }
+        params[i] = &pointers[i];
+        break;
+      }
+      case ArgKind::kHostScalar:
+        pointers[i] = arg.value;
+        params[i] = &pointers[i];
+        break;
+      case ArgKind::kInt:
+      case ArgKind::kFloat:
+        params[i] = arg.value;
+        break;
+      default:
+        TORCH_CHECK(false, "argument ", i, " has an unknown kind ",
+                    static_cast<uint32_t>(arg.kind));
+    }
+  }
+  entry(params.data());
+}
+// [/doc:compiled-kernel-device]
+
 }  // namespace
 
 // A serialized boxed call (kernels/OpenRegCallFormat.h). What the CPU
@@ -153,6 +238,40 @@ extern "C" __attribute__((visibility("default"))) int openreg_dropout_backward(
         static_cast<const bool*>(device_ptr(ctx, p.mask)),
         device_ptr(ctx, p.out), p.n, static_cast<c10::ScalarType>(p.dtype),
         p.scale);
+  });
+}
+
+// torch.compile's kernels (kernels/OpenRegCompiledKernelFormat.h), with
+// either driver: the launch names the library and the symbol, and the
+// device loads it. A compiled kernel reports no error; one that faults
+// loses the device (process driver), naming the kernel.
+extern "C" __attribute__((visibility("default"))) int openreg_compiled_kernel(
+    const void* params, size_t bytes, orKernelContext* ctx) {
+  openreg::compiled::CompiledKernelHeader h{};
+  const auto* data = static_cast<const unsigned char*>(params);
+  if (bytes >= sizeof(h)) {
+    std::memcpy(&h, data, sizeof(h));
+  }
+  const size_t expected = sizeof(h) + h.name_len + h.path_len + h.symbol_len +
+                          static_cast<size_t>(h.n_args) *
+                              sizeof(openreg::compiled::CompiledKernelArg);
+  if (bytes < sizeof(h) || h.magic != openreg::compiled::kMagic ||
+      bytes != expected) {
+    const std::string message =
+        "openreg_compiled_kernel: malformed parameters (" +
+        std::to_string(bytes) + " bytes, expected " + std::to_string(expected) +
+        ")";
+    ctx->report_error(ctx, message.c_str());
+    return 1;
+  }
+  const std::string name(reinterpret_cast<const char*>(data) + sizeof(h),
+                         h.name_len);
+  if (ctx->version >= 2) {
+    ctx->describe(ctx, name.c_str());
+  }
+  return run_reporting(ctx, name, [&] {
+    const KernelThreads threads(h.threads);
+    run_compiled_kernel(data, bytes, h, ctx);
   });
 }
 

@@ -7,8 +7,10 @@ A generated module defines each kernel as
 and calls it as ``cpp_fused_add_0(buf0, arg0_1, 64)``. The C++ source is
 Inductor's CPU kernel plus the uniform entry point ``openreg_launch`` (see
 ``inductor.py``); it is compiled and cached like every Inductor C++ kernel,
-and the call goes to ``torch_openreg._C._CompiledKernel``, which queues it
-on the current stream (``csrc/inductor/``). Nothing here runs a kernel.
+and the call goes to ``torch_openreg._C._CompiledKernel``, which queues the
+library's path, the symbol and the arguments on the current stream
+(``csrc/inductor/``); the device loads the library and runs the kernel.
+Nothing here runs a kernel.
 """
 
 import ctypes
@@ -47,8 +49,9 @@ class OpenRegKernelCodeCache(CppCodeCache):
 
 # [doc:compile-kernel]
 def _load(name: str, signature: str, library: ctypes.CDLL) -> Any:
-    entry = ctypes.cast(getattr(library, ENTRY_POINT), ctypes.c_void_p).value
-    return _C._CompiledKernel(name, entry, signature, library)
+    getattr(library, ENTRY_POINT)  # AttributeError now if the build lacks it
+    # The device loads the library itself, by path (either driver).
+    return _C._CompiledKernel(name, library._name, ENTRY_POINT, signature)
 
 
 def compile_kernel(async_compile: Any, name: str, signature: str, source: str) -> Any:
