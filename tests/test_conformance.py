@@ -102,6 +102,20 @@ def test_openreg_card(tmp_path):
     )
 
 
+@pytest.mark.timeout(300)
+def test_card_is_the_same_with_each_device_in_its_own_process(tmp_path):
+    # The process driver (issue 29) runs the same integration: the same card,
+    # check for check, including collectives and compiled kernels.
+    proc, card = run_kit(tmp_path, env=kit_env(OPENREG_DRIVER="process"), timeout=280)
+    assert proc.returncode == 0, describe(proc)
+    expected = CARD.read_text(encoding="utf-8")
+    differ = {
+        c: difference(card, c) for c, r in outcomes(card).items() if outcomes(expected).get(c) != r
+    }
+    assert not differ, differ
+    assert card == expected
+
+
 # (name, topics, prelude, expected failing checks, text each difference contains)
 BROKEN = [
     (

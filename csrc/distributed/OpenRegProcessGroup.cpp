@@ -6,119 +6,19 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <thread>
 
-#include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
+#include "distributed/OpenRegCommTensors.h"
 
 namespace openreg::distributed {
 
 namespace {
-
-bool is_openreg(const at::Tensor& t) {
-  return t.device().type() == c10::DeviceType::PrivateUse1;
-}
-
-// [doc:c10d-alias]
-// A CPU tensor over the kernel view of `t`'s bytes (same sizes, strides and
-// offset), owning a reference to the device storage: Gloo reads and writes
-// device memory in place, and the block cannot be freed and reused while
-// Gloo (or its queue) still holds the alias.
-at::Tensor gloo_alias(const at::Tensor& t) {
-  if (!is_openreg(t)) {
-    return t;
-  }
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      host_kernels_supported(),
-      "openreg: collectives cannot reach device memory yet with a driver "
-      "that runs named kernels only (OPENREG_DRIVER=process; "
-      "docs/process-driver.md, step 5); use OPENREG_DRIVER=thread, the "
-      "default");
-  const c10::Storage& storage = t.storage();
-  void* base = kernel_base(storage);
-  auto* keep = new c10::Storage(storage);
-  c10::DataPtr data(
-      base, keep, [](void* ctx) { delete static_cast<c10::Storage*>(ctx); },
-      c10::Device(c10::DeviceType::CPU));
-  c10::Storage cpu(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), storage.nbytes(), std::move(data),
-      /*allocator=*/nullptr, /*resizable=*/false));
-  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(cpu), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-  alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(),
-                                                     t.storage_offset());
-  return alias;
-}
-// [/doc:c10d-alias]
-
-std::vector<at::Tensor> gloo_aliases(const std::vector<at::Tensor>& ts) {
-  std::vector<at::Tensor> out;
-  out.reserve(ts.size());
-  for (const at::Tensor& t : ts) {
-    out.push_back(gloo_alias(t));
-  }
-  return out;
-}
-
-std::vector<std::vector<at::Tensor>> gloo_aliases(
-    const std::vector<std::vector<at::Tensor>>& lists) {
-  std::vector<std::vector<at::Tensor>> out;
-  out.reserve(lists.size());
-  for (const auto& ts : lists) {
-    out.push_back(gloo_aliases(ts));
-  }
-  return out;
-}
-
-std::vector<at::Tensor> flat(
-    std::initializer_list<std::vector<at::Tensor>> parts) {
-  std::vector<at::Tensor> out;
-  for (const auto& p : parts) {
-    out.insert(out.end(), p.begin(), p.end());
-  }
-  return out;
-}
-
-std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& ls) {
-  std::vector<at::Tensor> out;
-  for (const auto& l : ls) {
-    out.insert(out.end(), l.begin(), l.end());
-  }
-  return out;
-}
-
-// The openreg device every openreg tensor of a call is on (-1 if none).
-// Gloo on the aliases needs dense, contiguous tensors.
-c10::DeviceIndex common_device(const std::vector<at::Tensor>& tensors,
-                               const char* op) {
-  c10::DeviceIndex device = -1;
-  bool cpu = false;
-  for (const at::Tensor& t : tensors) {
-    if (!t.defined()) {
-      continue;
-    }
-    if (!is_openreg(t)) {
-      cpu = true;
-      continue;
-    }
-    TORCH_CHECK(device == -1 || device == t.device().index(), "orccl ", op,
-                ": all openreg tensors of one call must be on one device, got "
-                "openreg:",
-                static_cast<int>(device), " and ", t.device());
-    device = t.device().index();
-    TORCH_CHECK(t.layout() == c10::kStrided, "orccl ", op,
-                ": only dense tensors are supported, got layout ", t.layout());
-    TORCH_CHECK(t.is_contiguous(), "orccl ", op,
-                ": tensors must be contiguous, got sizes ", t.sizes(),
-                " with strides ", t.strides(), " (call .contiguous() first)");
-  }
-  TORCH_CHECK(device == -1 || !cpu, "orccl ", op,
-              ": cannot mix CPU and openreg tensors in one collective");
-  return device;
-}
 
 void check_reduce_op(const c10d::ReduceOp& op, const char* name) {
   // Checked here, on the host: Gloo would only find out on the stream.
@@ -185,20 +85,29 @@ class CommState {
 // [doc:c10d-work]
 class OpenRegWork final : public c10d::Work {
  public:
+  // `finish`, when given, is the host's end of a staged collective (see
+  // launch): it waits for Gloo and copies the outputs back, once.
   OpenRegWork(int rank, c10d::OpType op, std::string name,
               c10::DeviceIndex device, std::shared_ptr<CommState> state,
               std::vector<at::Tensor> outputs,
-              c10::intrusive_ptr<c10::ivalue::Future> future)
+              c10::intrusive_ptr<c10::ivalue::Future> future,
+              std::function<void()> finish = nullptr)
       : c10d::Work(rank, op),
         name_(std::move(name)),
         device_(device),
         state_(std::move(state)),
         outputs_(std::move(outputs)),
-        future_(std::move(future)) {}
+        future_(std::move(future)),
+        finish_(std::move(finish)) {}
 
-  bool isCompleted() override { return state_->completed(); }
+  // A staged collective's future completes after its outputs are copied
+  // back; otherwise the future completes at launch.
+  bool isCompleted() override {
+    return state_->completed() && (!future_ || future_->completed());
+  }
   bool isSuccess() const override {
-    return state_->completed() && !state_->error();
+    return state_->completed() && !state_->error() &&
+           (!future_ || (future_->completed() && !future_->hasError()));
   }
   std::exception_ptr exception() const override { return state_->error(); }
   std::vector<at::Tensor> result() override { return outputs_; }
@@ -206,7 +115,12 @@ class OpenRegWork final : public c10d::Work {
   // Orders the caller's current stream after the collective: a task on it
   // waits for the collective and re-raises its error there (raised at the
   // next synchronization of the stream, naming the collective).
+  // Staged: the host waits, copies back and raises the error itself.
   void synchronize() override {
+    if (finish_) {
+      std::call_once(finished_, finish_);
+      return;
+    }
     launch_async(device_, name_ + " (wait)",
                  [state = state_] { state->wait(); });
   }
@@ -240,6 +154,8 @@ class OpenRegWork final : public c10d::Work {
   std::shared_ptr<CommState> state_;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::function<void()> finish_;
+  std::once_flag finished_;
 };
 // [/doc:c10d-work]
 
@@ -255,7 +171,8 @@ ProcessGroupOpenReg::ProcessGroupOpenReg(c10::intrusive_ptr<c10d::Backend> gloo,
         static std::atomic<int> next{0};
         return next.fetch_add(1) % kCollectiveCompletionStreams;
       }()),
-      timeout_(timeout) {
+      timeout_(timeout),
+      staged_completions_(std::make_unique<CompletionThread>()) {
   TORCH_CHECK(gloo_, "orccl: no Gloo process group given");
   TORCH_CHECK(gloo_->getRank() == rank && gloo_->getSize() == size,
               "orccl: the Gloo process group is rank ", gloo_->getRank(),
@@ -281,6 +198,7 @@ uint64_t ProcessGroupOpenReg::getSequenceNumberForGroup() {
 c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch(
     c10d::OpType op, const char* name, const std::vector<at::Tensor>& tensors,
     std::vector<at::Tensor> outputs, Kind kind, Issue issue) {
+  std::vector<StagedTensor> staged = take_staged();
   const c10::DeviceIndex device = common_device(tensors, name);
   if (device < 0) {
     return issue();  // CPU tensors only: plain Gloo
@@ -320,6 +238,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch(
                              "synchronization, as c10d's DistBackendError");
       throw c10::DistBackendError({__func__, __FILE__, __LINE__}, msg);
     };
+  }
+  if (!host_kernels_supported()) {
+    return launch_staged(op, op_name, device, std::move(staged),
+                         std::move(outputs), kind, std::move(issue));
   }
   {
     const c10::StreamGuard on_issue(issue_stream.unwrap());
@@ -368,6 +290,90 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch(
                                           std::move(future));
 }
 // [/doc:c10d-launch]
+
+namespace {
+
+// A staged collective's failure, as c10d's DistBackendError naming it (the
+// thread driver names it through the stream task that raises it).
+std::exception_ptr named_error(const std::string& op, std::exception_ptr e) {
+  std::string what;
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::Error& error) {
+    what = error.what_without_backtrace();
+  } catch (const std::exception& error) {
+    what = error.what();
+  } catch (...) {
+    return e;
+  }
+  return std::make_exception_ptr(c10::DistBackendError(
+      {__func__, __FILE__, __LINE__}, op + " failed: " + what));
+}
+
+}  // namespace
+
+// [doc:c10d-launch-staged]
+// A driver whose device memory the host cannot reach: the tensors were
+// staged through pinned host memory (gloo_alias, after the current
+// stream's work) and Gloo is called at once from this thread; its call
+// returns at once, so collectives still run side by side. When Gloo
+// finishes a collective, its outputs are copied back to the device (on the
+// group's completion stream) and then the Work's
+// future completes: wait() and the future's waiters see the outputs on the
+// device. The group's completion thread does that, in launch order. A
+// point-to-point operation copies back in wait().
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch_staged(
+    c10d::OpType op, const std::string& op_name, c10::DeviceIndex device,
+    std::vector<StagedTensor> staged, std::vector<at::Tensor> outputs,
+    Kind kind, Issue issue) {
+  auto state = std::make_shared<CommState>();
+  try {
+    state->issued(issue(), nullptr);
+  } catch (...) {
+    state->issued(nullptr, std::current_exception());
+  }
+  if (kind == Kind::kPointToPoint) {
+    auto finish = [state, op_name, staged = std::move(staged), outputs] {
+      try {
+        state->wait();
+        copy_back(staged, outputs);
+      } catch (...) {
+        std::rethrow_exception(named_error(op_name, std::current_exception()));
+      }
+    };
+    return c10::make_intrusive<OpenRegWork>(
+        getRank(), op, op_name, device, std::move(state), std::move(outputs),
+        nullptr, std::move(finish));
+  }
+  auto future = c10::make_intrusive<c10::ivalue::Future>(
+      c10::ListType::create(c10::TensorType::get()),
+      std::vector<c10::Device>{
+          c10::Device(c10::DeviceType::PrivateUse1, device)});
+  const c10::Stream completion =
+      getReservedStream(device, ReservedStream::kCollectiveCompletion,
+                        completion_index_)
+          .unwrap();
+  staged_completions_->post([state, future, op_name, staged = std::move(staged),
+                             outputs, completion] {
+    try {
+      state->wait();
+      const c10::StreamGuard on_completion(completion);
+      copy_back(staged, outputs);
+      future->markCompleted(c10::IValue(outputs));
+    } catch (...) {
+      future->setError(named_error(op_name, std::current_exception()));
+    }
+  });
+  return c10::make_intrusive<OpenRegWork>(
+      getRank(), op, op_name, device, std::move(state), std::move(outputs),
+      future, [future] {
+        future->wait();
+        if (future->hasError()) {
+          std::rethrow_exception(future->exception_ptr());
+        }
+      });
+}
+// [/doc:c10d-launch-staged]
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::broadcast(
     std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {

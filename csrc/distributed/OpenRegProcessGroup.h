@@ -38,13 +38,17 @@
 // each other.
 //
 // CPU tensors go straight to Gloo: one process group serves "cpu" and
-// "openreg" tensors.
+// "openreg" tensors. With a driver whose device memory the host cannot reach
+// (OPENREG_DRIVER=process) Gloo works on pinned host copies instead of
+// aliases, and the host waits for collectives (OpenRegCommTensors.h,
+// launch_staged).
 #pragma once
 
 #include <memory>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "core/OpenRegStream.h"
+#include "distributed/OpenRegCommTensors.h"
 
 namespace openreg::distributed {
 
@@ -139,12 +143,22 @@ class ProcessGroupOpenReg final : public c10d::Backend {
                                         const std::vector<at::Tensor>& tensors,
                                         std::vector<at::Tensor> outputs,
                                         Kind kind, Issue issue);
+  // launch() on a driver whose device memory the host cannot reach: Gloo
+  // works on the `staged` pinned host copies (OpenRegCommTensors.h).
+  c10::intrusive_ptr<c10d::Work> launch_staged(c10d::OpType op,
+                                               const std::string& op_name,
+                                               c10::DeviceIndex device,
+                                               std::vector<StagedTensor> staged,
+                                               std::vector<at::Tensor> outputs,
+                                               Kind kind, Issue issue);
 
   c10::intrusive_ptr<c10d::Backend> gloo_;
   // This group's completion stream on each device: the reserved completion
   // stream of this index (groups take them in turn, see the constructor).
   const int completion_index_;
   std::chrono::milliseconds timeout_;
+  // Where staged collectives complete (launch_staged), in launch order.
+  std::unique_ptr<CompletionThread> staged_completions_;
 };
 
 }  // namespace openreg::distributed
