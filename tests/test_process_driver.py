@@ -235,9 +235,10 @@ def test_the_program_killed_leaves_no_device_process(tmp_path):
 
 
 def test_openreg_kernels_match_the_cpu(py):
-    """openreg's own kernels: dropout is a named kernel of the kernel
-    library; the others are not yet, and run staged on the host
-    (synchronously). Either way with the CPU's values."""
+    """openreg's own kernels on a device process: dropout is a kernel of the
+    kernel library; attention, convolution and same-device copies are the
+    CPU's operators run from bytes (serialized boxed calls), queued, never
+    staged on the host. All with the CPU's values, gradients included."""
     out = last_json(
         py(
             """
@@ -245,11 +246,22 @@ def test_openreg_kernels_match_the_cpu(py):
             import torch.nn.functional as F
             torch.manual_seed(0)
             d = "openreg"
-            q, k, v = (torch.randn(2, 3, 8, 4) for _ in range(3))
             checks = {}
-            sdpa = F.scaled_dot_product_attention(q.to(d), k.to(d), v.to(d), is_causal=True)
-            checks["attention"] = torch.allclose(
-                sdpa.cpu(), F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5)
+            def close(a, b):
+                return torch.allclose(a.cpu(), b, atol=1e-5)
+            def forward_backward(fn, *cpu):
+                dev = [t.detach().to(d).requires_grad_() for t in cpu]
+                for args in (cpu, dev):
+                    fn(*args).square().sum().backward()
+                return close(fn(*dev).detach(), fn(*cpu).detach()) and all(
+                    close(a.grad, b.grad) for a, b in zip(dev, cpu))
+            q, k, v = (torch.randn(2, 3, 8, 4, requires_grad=True) for _ in range(3))
+            checks["attention"] = forward_backward(
+                lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v)
+            img, w, b = (torch.randn(*s, requires_grad=True)
+                         for s in ((2, 3, 9, 9), (4, 3, 3, 3), (4,)))
+            checks["convolution"] = forward_backward(
+                lambda img, w, b: F.conv2d(img, w, b, stride=2, padding=1), img, w, b)
             x = torch.randn(64, 32)
             y, mask = torch.ops.aten.native_dropout(x.to(d), 0.5, True)
             mask = mask.cpu()
@@ -268,14 +280,17 @@ def test_openreg_kernels_match_the_cpu(py):
             checks["converting copy"] = torch.equal(yt.cpu(), xc.t().double())
             stats = torch.openreg._launch_stats()
             staged = stats["staged_by_op"]
-            checks["staged"] = stats["staged"] > 0 and "aten::native_dropout" not in staged
-            checks["attention staged"] = any("attention" in op for op in staged)
+            checks["nothing staged"] = not [
+                op for op in staged
+                if "dropout" in op or "attention" in op or "convolution" in op or "copy" in op]
+            checks["staged"] = sorted(staged)
             print(json.dumps(checks))
             """,
             **PROCESS,
         )
     )
-    assert out and all(out.values()), out
+    staged = out.pop("staged")
+    assert out and all(out.values()), (out, staged)
 
 
 DROPOUT_BITS = """

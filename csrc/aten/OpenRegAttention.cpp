@@ -41,6 +41,7 @@
 #include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
+#include "core/OpenRegFunctions.h"
 
 namespace openreg {
 
@@ -93,6 +94,22 @@ bool flash_accepts(const at::Tensor& q, const at::Tensor& k,
   return same_shape && same_dtype && mask_ok;
 }
 
+// The CPU's flash-attention kernels, as a device that runs named kernels
+// only runs them (launch_boxed_call).
+const c10::OperatorHandle& flash_op() {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(
+          "aten::_scaled_dot_product_flash_attention_for_cpu", "");
+  return op;
+}
+
+const c10::OperatorHandle& flash_backward_op() {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(
+          "aten::_scaled_dot_product_flash_attention_for_cpu_backward", "");
+  return op;
+}
+
 // The output as meta__scaled_dot_product_fused_attention_overrideable
 // allocates it (alloc_with_matching_layout): like the query, or with the
 // query's dimension order when the value's head size differs.
@@ -134,7 +151,19 @@ OpenRegNativeFunctions::_scaled_dot_product_fused_attention_overrideable(
   at::Tensor logsumexp =
       at::empty({batch, query.size(-3), query.size(-2)},
                 query.options().dtype(at::toOpMathType(query.scalar_type())));
-  if (flash_accepts(query, key, value, attn_bias, dropout_p)) {
+  const std::array<at::Tensor, 2> results{out, logsumexp};
+  if (flash_accepts(query, key, value, attn_bias, dropout_p) &&
+      !host_kernels_supported() &&
+      launch_boxed_call(
+          device.index(),
+          "aten::_scaled_dot_product_fused_attention_overrideable", flash_op(),
+          {query, key, value, dropout_p, is_causal,
+           has_mask ? c10::IValue(*attn_bias) : c10::IValue(),
+           scale.has_value() ? c10::IValue(*scale) : c10::IValue()},
+          results, -1)) {
+    // A device that runs named kernels only runs the CPU's flash kernel
+    // from bytes (the same kernel as the closure below).
+  } else if (flash_accepts(query, key, value, attn_bias, dropout_p)) {
     std::optional<at::Tensor> mask;
     if (has_mask) {
       mask = borrowed_alias(*attn_bias);
@@ -257,33 +286,43 @@ OpenRegNativeFunctions::
     at::Tensor gq = at::empty_like(query);
     at::Tensor gk = at::empty_like(key);
     at::Tensor gv = at::empty_like(value);
+    const char* name =
+        "aten::_scaled_dot_product_fused_attention_overrideable_backward";
+    const std::array<at::Tensor, 3> grads{gq, gk, gv};
     std::optional<at::Tensor> mask;
     if (has_mask) {
       mask = borrowed_alias(attn_bias);
     }
-    launch_async(
-        device.index(),
-        "aten::_scaled_dot_product_fused_attention_overrideable_backward",
-        [go = borrowed_alias(grad_out), q = borrowed_alias(query),
-         k = borrowed_alias(key), v = borrowed_alias(value),
-         o = borrowed_alias(out), lse = borrowed_alias(logsumexp), mask,
-         rq = borrowed_alias(gq), rk = borrowed_alias(gk),
-         rv = borrowed_alias(gv), dropout_p, is_causal, scale]() {
-          at::AutoDispatchBelowADInplaceOrView below_autograd;
-          KernelViews views;
-          std::optional<at::Tensor> m;
-          if (mask.has_value()) {
-            m = views.view(*mask);
-          }
-          auto [cq, ck, cv] =
-              at::_scaled_dot_product_flash_attention_for_cpu_backward(
-                  views.view(go), views.view(q), views.view(k), views.view(v),
-                  views.view(o), views.view(lse), dropout_p, is_causal, m,
-                  scale);
-          views.view(rq).copy_(cq);
-          views.view(rk).copy_(ck);
-          views.view(rv).copy_(cv);
-        });
+    if (host_kernels_supported() ||
+        !launch_boxed_call(
+            device.index(), name, flash_backward_op(),
+            {grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
+             has_mask ? c10::IValue(attn_bias) : c10::IValue(),
+             scale.has_value() ? c10::IValue(*scale) : c10::IValue()},
+            grads, -1)) {
+      launch_async(
+          device.index(), name,
+          [go = borrowed_alias(grad_out), q = borrowed_alias(query),
+           k = borrowed_alias(key), v = borrowed_alias(value),
+           o = borrowed_alias(out), lse = borrowed_alias(logsumexp), mask,
+           rq = borrowed_alias(gq), rk = borrowed_alias(gk),
+           rv = borrowed_alias(gv), dropout_p, is_causal, scale]() {
+            at::AutoDispatchBelowADInplaceOrView below_autograd;
+            KernelViews views;
+            std::optional<at::Tensor> m;
+            if (mask.has_value()) {
+              m = views.view(*mask);
+            }
+            auto [cq, ck, cv] =
+                at::_scaled_dot_product_flash_attention_for_cpu_backward(
+                    views.view(go), views.view(q), views.view(k), views.view(v),
+                    views.view(o), views.view(lse), dropout_p, is_causal, m,
+                    scale);
+            views.view(rq).copy_(cq);
+            views.view(rk).copy_(ck);
+            views.view(rv).copy_(cv);
+          });
+    }
     return {gq, gk, gv,
             grad_input_mask[3]
                 ? mask_gradient(grad_out, query, key, value, attn_bias, out,

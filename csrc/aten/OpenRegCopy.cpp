@@ -15,11 +15,8 @@
 #include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
-#include "aten/fallback/OpenRegCallEncoder.h"
-#include "aten/fallback/OpenRegOpTraits.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
-#include "core/OpenRegNamedKernels.h"
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegMemcpy.h"
 
@@ -41,19 +38,7 @@ bool launch_named_copy(const at::Tensor& src, const at::Tensor& dst,
   static const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
   const std::array<c10::IValue, 3> args{dst, src, false};
-  CallToEncode call;
-  call.op = &op;
-  call.mode = call::Mode::kCopyResults;
-  call.traits = &op_traits(op);
-  call.args = args;
-  call.threads = kernel_thread_cap(dst.numel());
-  thread_local std::vector<uint8_t> bytes;
-  if (!encode_call(call, bytes)) {
-    return false;
-  }
-  launch_function(device, "aten::copy_", named_kernel(NamedKernel::kBoxedCall),
-                  bytes.data(), bytes.size(), dst.numel());
-  return true;
+  return launch_boxed_call(device, "aten::copy_", op, args, {}, dst.numel());
 }
 
 // True when a byte-for-byte copy of the dense span is the whole job.

@@ -34,6 +34,8 @@
 #include <utility>
 
 #include "aten/OpenRegKernelView.h"
+#include "aten/fallback/OpenRegCallEncoder.h"
+#include "aten/fallback/OpenRegOpTraits.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
@@ -353,5 +355,34 @@ void launch_function(c10::DeviceIndex device, const std::string& op,
   }
 }
 // [/doc:launch-function]
+
+bool launch_boxed_call(c10::DeviceIndex device, const std::string& op_name,
+                       const c10::OperatorHandle& op,
+                       c10::ArrayRef<c10::IValue> args,
+                       c10::ArrayRef<at::Tensor> results, int64_t elements) {
+  c10::SmallVector<at::Tensor, 4> defined;
+  c10::SmallVector<std::pair<size_t, int>, 4> slots;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (results[i].defined()) {
+      defined.push_back(results[i]);
+      slots.emplace_back(i, -1);
+    }
+  }
+  CallToEncode call;
+  call.op = &op;
+  call.mode = call::Mode::kCopyResults;
+  call.traits = &op_traits(op);
+  call.args = args;
+  call.results = defined;
+  call.result_slots = slots;
+  call.threads = kernel_thread_cap(elements);
+  thread_local std::vector<uint8_t> bytes;
+  if (!encode_call(call, bytes)) {
+    return false;
+  }
+  launch_function(device, op_name, named_kernel(NamedKernel::kBoxedCall),
+                  bytes.data(), bytes.size(), elements);
+  return true;
+}
 
 }  // namespace openreg

@@ -20,6 +20,7 @@
 #include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
+#include "core/OpenRegFunctions.h"
 
 namespace openreg {
 
@@ -92,6 +93,20 @@ at::Tensor OpenRegNativeFunctions::convolution_overrideable(
     std::vector<int64_t> p(padding.begin(), padding.end());
     std::vector<int64_t> d(dilation.begin(), dilation.end());
     std::vector<int64_t> op(output_padding.begin(), output_padding.end());
+    if (!host_kernels_supported()) {
+      // A device that runs named kernels only: the CPU's convolution from
+      // bytes.
+      static const c10::OperatorHandle conv_op =
+          c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution",
+                                                         "");
+      if (launch_boxed_call(
+              device.index(), "aten::convolution_overrideable", conv_op,
+              {input, weight, has_bias ? c10::IValue(*bias) : c10::IValue(), s,
+               p, d, transposed, op, groups},
+              {out}, -1)) {
+        return out;
+      }
+    }
     std::optional<at::Tensor> b;
     if (has_bias) {
       b = borrowed_alias(*bias);
@@ -173,6 +188,22 @@ OpenRegNativeFunctions::convolution_backward_overrideable(
   std::vector<int64_t> p(padding.begin(), padding.end());
   std::vector<int64_t> d(dilation.begin(), dilation.end());
   std::vector<int64_t> op(output_padding.begin(), output_padding.end());
+  if (!host_kernels_supported()) {
+    static const c10::OperatorHandle backward_op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(
+            "aten::convolution_backward", "");
+    const std::array<at::Tensor, 3> grads{gi, gw, gb};
+    if (launch_boxed_call(
+            device.index(), "aten::convolution_backward_overrideable",
+            backward_op,
+            {grad_output, input, weight,
+             output_mask[2] ? c10::IValue(bias_sizes) : c10::IValue(), s, p, d,
+             transposed, op, groups,
+             c10::List<bool>({output_mask[0], output_mask[1], output_mask[2]})},
+            grads, -1)) {
+      return {gi, gw, gb};
+    }
+  }
   launch_async(
       device.index(), "aten::convolution_backward_overrideable",
       [go = borrowed_alias(grad_output), in = borrowed_alias(input),
