@@ -151,9 +151,9 @@ OpenRegNativeFunctions::_scaled_dot_product_fused_attention_overrideable(
   at::Tensor logsumexp =
       at::empty({batch, query.size(-3), query.size(-2)},
                 query.options().dtype(at::toOpMathType(query.scalar_type())));
+  const bool queued = flash_accepts(query, key, value, attn_bias, dropout_p);
   const std::array<at::Tensor, 2> results{out, logsumexp};
-  if (flash_accepts(query, key, value, attn_bias, dropout_p) &&
-      !host_kernels_supported() &&
+  if (queued && !host_kernels_supported() &&
       launch_boxed_call(
           device.index(),
           "aten::_scaled_dot_product_fused_attention_overrideable", flash_op(),
@@ -163,7 +163,7 @@ OpenRegNativeFunctions::_scaled_dot_product_fused_attention_overrideable(
           results, -1)) {
     // A device that runs named kernels only runs the CPU's flash kernel
     // from bytes (the same kernel as the closure below).
-  } else if (flash_accepts(query, key, value, attn_bias, dropout_p)) {
+  } else if (queued) {
     std::optional<at::Tensor> mask;
     if (has_mask) {
       mask = borrowed_alias(*attn_bias);
