@@ -14,6 +14,21 @@ def test_forward_matches_cpu_kernel():
     torch.testing.assert_close(torch.ops.openreg.scaled_abs(x, 2.5), x.abs() * 2.5)
 
 
+def test_views_and_dtypes_match_cpu_kernel():
+    # The device kernel runs over dense memory: a strided view is made
+    # contiguous first; a dense permutation keeps its layout.
+    x = torch.randn(6, 8, dtype=torch.float64)
+    for view in (lambda t: t.t()[::2], lambda t: t.t(), lambda t: t[:, 1:5]):
+        out = torch.ops.openreg.scaled_abs(view(x.to(D)), -1.5)
+        expected = torch.ops.openreg.scaled_abs(view(x), -1.5)
+        assert out.shape == expected.shape
+        torch.testing.assert_close(out.cpu(), expected)
+    h = torch.randn(33).to(torch.bfloat16)
+    torch.testing.assert_close(
+        torch.ops.openreg.scaled_abs(h.to(D), 0.5).cpu(), torch.ops.openreg.scaled_abs(h, 0.5)
+    )
+
+
 def test_gradient_on_openreg_equals_cpu():
     x = torch.randn(6, requires_grad=True)
     xd = x.detach().to(D).requires_grad_()

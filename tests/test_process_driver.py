@@ -236,9 +236,10 @@ def test_the_program_killed_leaves_no_device_process(tmp_path):
 
 def test_openreg_kernels_match_the_cpu(py):
     """openreg's own kernels on a device process: dropout is a kernel of the
-    kernel library; attention, convolution and same-device copies are the
-    CPU's operators run from bytes (serialized boxed calls), queued, never
-    staged on the host. All with the CPU's values, gradients included."""
+    kernel library, and so is the example custom operator's kernel
+    (openreg_scaled_abs); attention, convolution and same-device copies are
+    the CPU's operators run from bytes (serialized boxed calls); all queued,
+    never staged on the host. All with the CPU's values, gradients included."""
     out = last_json(
         py(
             """
@@ -262,6 +263,9 @@ def test_openreg_kernels_match_the_cpu(py):
                          for s in ((2, 3, 9, 9), (4, 3, 3, 3), (4,)))
             checks["convolution"] = forward_backward(
                 lambda img, w, b: F.conv2d(img, w, b, stride=2, padding=1), img, w, b)
+            u = torch.randn(5, 7, requires_grad=True)
+            checks["custom op"] = forward_backward(
+                lambda u: torch.ops.openreg.scaled_abs(u, 2.5), u)
             x = torch.randn(64, 32)
             y, mask = torch.ops.aten.native_dropout(x.to(d), 0.5, True)
             mask = mask.cpu()
@@ -280,9 +284,9 @@ def test_openreg_kernels_match_the_cpu(py):
             checks["converting copy"] = torch.equal(yt.cpu(), xc.t().double())
             stats = torch.openreg._launch_stats()
             staged = stats["staged_by_op"]
+            ours = ("dropout", "attention", "convolution", "copy", "scaled_abs")
             checks["nothing staged"] = not [
-                op for op in staged
-                if "dropout" in op or "attention" in op or "convolution" in op or "copy" in op]
+                op for op in staged if any(k in op for k in ours)]
             checks["staged"] = sorted(staged)
             print(json.dumps(checks))
             """,

@@ -1,8 +1,9 @@
 // A custom operator with its own schema, as a vendor would add one:
 //   openreg::scaled_abs(Tensor x, float scale) -> Tensor   (= scale * |x|)
-// with a CPU kernel, an openreg kernel (queued on the stream, running on the
-// kernel view), a Meta kernel (shapes only: serves torch.compile's fake
-// tensors), and an autograd formula registered once for every backend.
+// with a CPU kernel, an openreg kernel (the device kernel
+// kernels/OpenRegCustomOpKernels.h, queued on the stream), a Meta kernel
+// (shapes only: serves torch.compile's fake tensors), and an autograd
+// formula registered once for every backend.
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/abs.h>
@@ -14,6 +15,9 @@
 
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
+#include "core/OpenRegFunctions.h"
+#include "core/OpenRegNamedKernels.h"
+#include "kernels/OpenRegCustomOpKernels.h"
 
 namespace openreg {
 
@@ -24,15 +28,36 @@ at::Tensor scaled_abs_cpu(const at::Tensor& x, double scale) {
 }
 
 // [doc:custom-op-kernel]
+// The device kernel runs over dense memory: a strided view is made
+// contiguous first (a queued copy). Its output has the input's layout.
 at::Tensor scaled_abs_openreg(const at::Tensor& x, double scale) {
-  at::Tensor out = at::empty_like(x);
-  launch_async(x.device().index(), "openreg::scaled_abs",
-               [in = borrowed_alias(x), res = borrowed_alias(out), scale] {
-                 KernelViews views;
-                 at::Tensor dst = views.view(res);
-                 at::abs_out(dst, views.view(in));
-                 dst.mul_(scale);
-               });
+  const at::Tensor in = x.is_non_overlapping_and_dense() ? x : x.contiguous();
+  at::Tensor out = at::empty_like(in);
+  const c10::DeviceIndex device = in.device().index();
+  const int64_t n = in.numel();
+  if (!host_kernels_supported()) {
+    // A device with its own memory: the kernel library's kernel, by name.
+    kernels::ScaledAbsParams p{};
+    p.in = device_address(in);
+    p.out = device_address(out);
+    p.n = n;
+    p.scale = scale;
+    p.dtype = static_cast<int32_t>(in.scalar_type());
+    p.threads = kernel_thread_cap(n);
+    launch_function(device, "openreg::scaled_abs",
+                    named_kernel(NamedKernel::kScaledAbs), &p, sizeof(p), n);
+    return out;
+  }
+  launch_async(
+      device, "openreg::scaled_abs",
+      [src = borrowed_alias(in), res = borrowed_alias(out), n, scale] {
+        KernelViews views;
+        at::Tensor dst = views.view(res);
+        kernels::scaled_abs(views.view(src).const_data_ptr(),
+                            dst.mutable_data_ptr(), n, dst.scalar_type(),
+                            scale);
+      },
+      n);
   return out;
 }
 // [/doc:custom-op-kernel]

@@ -185,6 +185,10 @@ const c10::Storage* KernelViews::device_storage_of(
   return nullptr;
 }
 
+uint64_t device_address(const at::Tensor& t) {
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.const_data_ptr()));
+}
+
 at::Tensor borrowed_alias(const at::Tensor& t) {
   const c10::Storage& storage = t.storage();
   c10::DataPtr data(const_cast<void*>(storage.data()), storage.device());

@@ -11,6 +11,7 @@
 #include <c10/core/Stream.h>
 #include <c10/util/SmallVector.h>
 
+#include <cstdint>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -132,6 +133,10 @@ class StagedKernelScope {
 // A device tensor over the same memory and metadata as `t` that does not own
 // the memory (what an asynchronous kernel captures).
 at::Tensor borrowed_alias(const at::Tensor& t);
+
+// The address of t's first element on its device (never dereferenced on
+// the host), as named kernels take it in their parameters.
+uint64_t device_address(const at::Tensor& t);
 
 // Copies a CPU tensor made by a kernel into new memory on `device`, ordered
 // on the device's current stream.

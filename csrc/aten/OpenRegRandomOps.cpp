@@ -20,11 +20,6 @@ namespace openreg {
 
 namespace {
 
-// The address of t's first element on its device, as named kernels take it.
-uint64_t device_address(const at::Tensor& t) {
-  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.const_data_ptr()));
-}
-
 // The dtypes and layouts the fused kernels take: floating tensors whose
 // elements fill their memory exactly once (any dense permutation), so the
 // kernel walks memory linearly and every tensor of the call has the same

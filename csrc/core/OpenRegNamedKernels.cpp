@@ -15,10 +15,12 @@ namespace openreg {
 namespace {
 
 // In the order of NamedKernel.
-constexpr std::array<const char*, 8> kSymbols = {
-    "openreg_boxed_call",       "openreg_fault_crash",    "openreg_fault_fail",
-    "openreg_fault_delay",      "openreg_profiler_stamp", "openreg_dropout",
-    "openreg_dropout_backward", "openreg_compiled_kernel"};
+constexpr std::array<const char*, 9> kSymbols = {
+    "openreg_boxed_call",       "openreg_fault_crash",
+    "openreg_fault_fail",       "openreg_fault_delay",
+    "openreg_profiler_stamp",   "openreg_dropout",
+    "openreg_dropout_backward", "openreg_compiled_kernel",
+    "openreg_scaled_abs"};
 
 struct Library {
   orModule_t module = nullptr;

@@ -24,6 +24,7 @@ enum class NamedKernel {
   kDropout,    // openreg_dropout: kernels::DropoutParams
   kDropoutBackward,  // openreg_dropout_backward: DropoutBackwardParams
   kCompiledKernel,   // openreg_compiled_kernel: a torch.compile kernel
+  kScaledAbs,        // openreg_scaled_abs: kernels::ScaledAbsParams
 };
 
 // The function of `kernel`, loading the library on first use. Throws with

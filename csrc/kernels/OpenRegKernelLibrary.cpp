@@ -25,6 +25,7 @@
 #include "kernels/OpenRegBoxedCall.h"
 #include "kernels/OpenRegCallFormat.h"
 #include "kernels/OpenRegCompiledKernelFormat.h"
+#include "kernels/OpenRegCustomOpKernels.h"
 #include "kernels/OpenRegDropout.h"
 
 namespace {
@@ -238,6 +239,22 @@ extern "C" __attribute__((visibility("default"))) int openreg_dropout_backward(
         static_cast<const bool*>(device_ptr(ctx, p.mask)),
         device_ptr(ctx, p.out), p.n, static_cast<c10::ScalarType>(p.dtype),
         p.scale);
+  });
+}
+
+// The example custom operator's device kernel
+// (kernels/OpenRegCustomOpKernels.h).
+extern "C" __attribute__((visibility("default"))) int openreg_scaled_abs(
+    const void* params, size_t bytes, orKernelContext* ctx) {
+  openreg::kernels::ScaledAbsParams p;
+  if (!read_params(params, bytes, ctx, "openreg_scaled_abs", &p)) {
+    return 1;
+  }
+  return run_reporting(ctx, "openreg::scaled_abs", [&] {
+    const KernelThreads threads(p.threads);
+    openreg::kernels::scaled_abs(device_ptr(ctx, p.in), device_ptr(ctx, p.out),
+                                 p.n, static_cast<c10::ScalarType>(p.dtype),
+                                 p.scale);
   });
 }
 
