@@ -66,20 +66,16 @@ test-runtime: setup
 # extension's build tree), the pytest suite, then a slice of it with each
 # device in a process of its own (OPENREG_DRIVER=process).
 PROCESS_SLICE := tests/test_ops.py tests/test_copy.py tests/test_opinfo_slice.py \
-	tests/test_profiler.py
+	tests/test_profiler.py tests/test_ipc.py
 test-python: build
 	$(VENV)/bin/ctest --test-dir $(BUILD_DIR) -R '^boxed-call' --output-on-failure
 	$(PY) -m pytest -q tests
 	OPENREG_DRIVER=process $(PY) -m pytest -q $(PROCESS_SLICE)
 
-# The whole suite with OPENREG_DRIVER=process, but for what that driver does
-# not run yet: IPC between user processes (elsewhere in the suite, sharing
-# device memory raises NotImplementedError naming the driver, and the tests
-# check it).
-# About 10 minutes on 2 cores (docs/process-driver.md, "Where it stands").
-PROCESS_NOT_YET := --ignore=tests/test_ipc.py
+# The whole suite with OPENREG_DRIVER=process.
+# About 15 minutes on 2 cores (docs/process-driver.md, "Where it stands").
 test-process-driver: build
-	OPENREG_DRIVER=process $(PY) -m pytest -q tests $(PROCESS_NOT_YET)
+	OPENREG_DRIVER=process $(PY) -m pytest -q tests
 
 test: test-runtime test-python
 

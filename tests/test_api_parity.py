@@ -625,16 +625,6 @@ def _check_empty_cache():
 def _check_ipc_collect():
     before = openreg.memory_allocated(1)
     x = torch.ones(MiB // 4, device="openreg:1")
-    if openreg._named_kernels_only():
-        # No IPC handles on the process driver yet (docs/process-driver.md,
-        # step 5): a clear error before anything is shared.
-        with pytest.raises(NotImplementedError, match="OPENREG_DRIVER=process") as info:
-            ForkingPickler.dumps(x)
-        openreg.ipc_collect()  # nothing to collect, and no error
-        del x, info  # the traceback's frames hold x too
-        gc.collect()
-        assert openreg.memory_allocated(1) == before
-        return
     message = ForkingPickler.dumps(x)  # a send no process has received yet
     del x
     openreg.ipc_collect()

@@ -316,6 +316,19 @@ void received_deleter(void* ctx) {
       OPENREG_CHECK(orStreamWaitEvent(stream, event));
       OPENREG_CHECK(orEventDestroy(event));
     }
+    if (!host_kernels_supported()) {
+      // The driver runs no host code in stream order (each device is a
+      // process of its own): wait here for the work queued so far, then
+      // release.
+      orEvent_t done = nullptr;
+      OPENREG_CHECK(orEventCreateWithFlags(&done, orEventDisableTiming));
+      OPENREG_CHECK(orEventRecord(done, stream));
+      const orError_t err = orEventSynchronize(done);
+      OPENREG_CHECK(orEventDestroy(done));
+      OPENREG_CHECK(err);
+      release_now(block);
+      return;
+    }
     orLaunchAttributes attrs{};
     attrs.hostThreads = 1;  // a bookkeeping kernel: no thread pool
     OPENREG_CHECK(orLaunchKernelEx(stream, &release_kernel, block, &attrs));
@@ -365,15 +378,6 @@ IpcShare share_storage(const c10::Storage& storage) {
   TORCH_CHECK(storage.device_type() == c10::DeviceType::PrivateUse1,
               "share_storage expects an openreg storage, got one on ",
               storage.device());
-  // Before anything changes hands: the process driver has no IPC handles
-  // yet (orIpcGetMemHandle returns orErrorNotSupported).
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      host_kernels_supported(),
-      "openreg: sharing device memory with another process "
-      "(torch.multiprocessing, "
-      "ForkingPickler) does not work yet with a driver that runs named kernels "
-      "only (OPENREG_DRIVER=process; docs/process-driver.md, step 5); use "
-      "OPENREG_DRIVER=thread, the default");
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   const c10::DataPtr& data = impl->data_ptr();
   TORCH_CHECK(data.get() != nullptr, "share_storage: empty storage");

@@ -10,6 +10,7 @@
 // its parent (PR_SET_PDEATHSIG), and whatever kills it (a faulting kernel,
 // kill -9) loses the device without harming the user's process.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -40,6 +41,20 @@ char* g_arena[kMaxDevices];  // this process's mappings of the arenas
 void* g_modules[kMaxModules];
 orDeviceKernelFn g_functions[kMaxFunctions];
 
+// Memory other user processes exported, mapped read-write here (kMapImport).
+// The main thread writes a slot, stream workers read it without a lock:
+// `base` (the user process's address, 0: unused) is stored last and cleared
+// first. Closing memory a queued kernel still uses is the user's error, as
+// on the thread driver (there it faults the user's process; here it loses
+// the device).
+struct Import {
+  std::atomic<uint64_t> base{0};
+  std::atomic<uint64_t> size{0};
+  std::atomic<char*> local{nullptr};
+};
+Import g_imports[kMaxImports];
+std::atomic<int> g_import_end{0};  // slots at or past it were never used
+
 uint64_t now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -58,6 +73,15 @@ void* translate_address(uint64_t addr) {
   const uint64_t pinned = g_control->pinned_base;
   if (addr >= pinned && addr < pinned + g_control->pinned_capacity) {
     return g_pinned + (addr - pinned);
+  }
+  const int end = g_import_end.load(std::memory_order_acquire);
+  for (int i = 0; i < end; ++i) {
+    const Import& im = g_imports[i];
+    const uint64_t base = im.base.load(std::memory_order_acquire);
+    if (base != 0 && addr >= base &&
+        addr < base + im.size.load(std::memory_order_relaxed)) {
+      return im.local.load(std::memory_order_relaxed) + (addr - base);
+    }
   }
   return nullptr;
 }
@@ -260,6 +284,39 @@ void answer(orError_t status, const char* why) {
                 why != nullptr ? why : "");
 }
 
+// kMapImport: opens the exporter's arena file by the path the user process
+// gave (its own descriptor of that file, under /proc) and maps the range.
+void map_import(int slot) {
+  const uint64_t offset = g_control->value[0];
+  const uint64_t length = g_control->value[1];
+  const uint64_t base = g_control->value[2];
+  if (slot < 0 || slot >= kMaxImports || length == 0 || base == 0) {
+    answer(orErrorInvalidValue, "bad import");
+    return;
+  }
+  const int fd = open(g_control->text, O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    answer(orErrorMapBufferObjectFailed, std::strerror(errno));
+    return;
+  }
+  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_NORESERVE, fd, static_cast<off_t>(offset));
+  const int mmap_errno = errno;
+  close(fd);  // the mapping keeps the file alive
+  if (p == MAP_FAILED) {
+    answer(orErrorMapBufferObjectFailed, std::strerror(mmap_errno));
+    return;
+  }
+  Import& im = g_imports[slot];
+  im.local.store(static_cast<char*>(p), std::memory_order_relaxed);
+  im.size.store(length, std::memory_order_relaxed);
+  im.base.store(base, std::memory_order_release);
+  if (slot >= g_import_end.load(std::memory_order_relaxed)) {
+    g_import_end.store(slot + 1, std::memory_order_release);
+  }
+  answer(orSuccess, nullptr);
+}
+
 void serve(uint32_t request) {
   const int a0 = g_control->arg0;
   const int a1 = g_control->arg1;
@@ -310,6 +367,22 @@ void serve(uint32_t request) {
       g_workers[a0].stop.store(true, std::memory_order_release);
       futex_wake(&g_control->rings[a0].tail);
       g_workers[a0].thread.join();
+      answer(orSuccess, nullptr);
+      return;
+    case kMapImport:
+      map_import(a0);
+      return;
+    case kUnmapImport:
+      if (a0 >= 0 && a0 < kMaxImports) {
+        Import& im = g_imports[a0];
+        char* local = im.local.load();
+        const uint64_t size = im.size.load();
+        im.base.store(0, std::memory_order_release);
+        if (local != nullptr) {
+          munmap(local, size);
+        }
+        im.local.store(nullptr);
+      }
       answer(orSuccess, nullptr);
       return;
     default:

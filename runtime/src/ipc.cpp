@@ -103,13 +103,28 @@ void publish(ImportSlot& slot, char* device_base, char* kernel_base,
   slot.seq.fetch_add(1, std::memory_order_release);  // even: stable
 }
 
-// Maps [begin, begin + len) of fd as a device view and a kernel view.
+// Maps [begin, begin + len) of fd as a device view and a kernel view. With
+// the process driver only the device view: the device processes map the
+// range read-write themselves (proc::map_import), by the path of `fd`.
 orError_t map_views(int fd, size_t begin, size_t len, char** device_view,
-                    char** kernel_view) {
+                    char** kernel_view, int slot) {
   void* d = mmap(nullptr, len, PROT_NONE, MAP_SHARED | MAP_NORESERVE, fd,
                  static_cast<off_t>(begin));
   if (d == MAP_FAILED) {
     return orErrorMapBufferObjectFailed;
+  }
+  if (process_driver()) {
+    const std::string path =
+        "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(fd);
+    const orError_t err = proc::map_import(slot, path.c_str(), begin, len,
+                                           reinterpret_cast<uint64_t>(d));
+    if (err != orSuccess) {
+      munmap(d, len);
+      return err;
+    }
+    *device_view = static_cast<char*>(d);
+    *kernel_view = nullptr;
+    return orSuccess;
   }
   void* k = mmap(nullptr, len, PROT_READ | PROT_WRITE,
                  MAP_SHARED | MAP_NORESERVE, fd, static_cast<off_t>(begin));
@@ -214,9 +229,6 @@ orError_t orIpcGetMemHandle(orIpcMemHandle_t* handle, void* devPtr) {
   }
   std::memset(handle, 0, sizeof(*handle));
   OR_RETURN_IF_ERROR(ensure_init());
-  if (process_driver()) {
-    return orErrorNotSupported;  // not yet: docs/process-driver.md
-  }
   Device* dev = device_of(devPtr);  // imported memory is not in an arena
   if (dev == nullptr) {
     return orErrorInvalidDevicePointer;
@@ -269,9 +281,6 @@ orError_t orIpcOpenMemHandle(void** devPtr, orIpcMemHandle_t handle,
     return orErrorInvalidValue;
   }
   OR_RETURN_IF_ERROR(ensure_init());
-  if (process_driver()) {
-    return orErrorNotSupported;  // not yet: docs/process-driver.md
-  }
   HandleData h;
   std::memcpy(&h, handle.reserved, sizeof(h));
   if (h.magic != kHandleMagic || h.version != kHandleVersion || h.pid <= 0 ||
@@ -320,7 +329,8 @@ orError_t orIpcOpenMemHandle(void** devPtr, orIpcMemHandle_t handle,
   char* device_view = nullptr;
   char* kernel_view = nullptr;
   const orError_t err =
-      map_views(fd, begin, end_byte - begin, &device_view, &kernel_view);
+      map_views(fd, begin, end_byte - begin, &device_view, &kernel_view,
+                static_cast<int>(free_slot - g_imports));
   close(fd);  // the mappings keep the file alive
   OR_RETURN_IF_ERROR(err);
   free_slot->refs = 1;
@@ -359,8 +369,13 @@ orError_t orIpcCloseMemHandle(void* devPtr) {
     }
     // Unpublish before unmapping, so no lookup translates into a hole.
     publish(slot, nullptr, nullptr, 0, 0, 0);
+    if (process_driver()) {
+      proc::unmap_import(i);
+    }
     munmap(slot.map_device, slot.map_len);
-    munmap(slot.map_kernel, slot.map_len);
+    if (slot.map_kernel != nullptr) {
+      munmap(slot.map_kernel, slot.map_len);
+    }
     slot.map_device = nullptr;
     slot.map_kernel = nullptr;
     return orSuccess;

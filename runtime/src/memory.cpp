@@ -362,9 +362,6 @@ orError_t orMemcpy(void* dst, const void* src, size_t count,
     OR_RETURN_IF_ERROR(src_range.dev->default_stream->synchronize());
   }
   if (process_driver()) {
-    if (dst_range.imported || src_range.imported) {
-      return orErrorNotSupported;
-    }
     Device* runner = dst_range.dev != nullptr ? dst_range.dev : src_range.dev;
     if (runner == nullptr) {
       std::memmove(dst, src, count);
@@ -396,9 +393,6 @@ orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
       (dst_range.dev == nullptr && !host_range_is_pinned(dst, count)) ||
       (src_range.dev == nullptr && !host_range_is_pinned(src, count));
   if (process_driver()) {
-    if (dst_range.imported || src_range.imported) {
-      return orErrorNotSupported;
-    }
     if (pageable) {
       OR_RETURN_IF_ERROR(stream->synchronize());
     }
@@ -427,9 +421,6 @@ orError_t orMemset(void* dst, int value, size_t count) {
   OR_RETURN_IF_ERROR(check_not_lost(range.dev));
   OR_RETURN_IF_ERROR(range.dev->default_stream->synchronize());
   if (process_driver()) {
-    if (range.imported) {
-      return orErrorNotSupported;
-    }
     return proc::memset(range.dev->default_stream, dst, value, count);
   }
   std::memset(kernel_ptr(range, dst), value, count);

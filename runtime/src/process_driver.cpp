@@ -226,7 +226,7 @@ void* map_file(int fd, size_t bytes) {
 }  // namespace
 
 orError_t request(ProcessDevice& pd, Request what, int arg0, int arg1,
-                  const char* text) {
+                  const char* text, const uint64_t* values) {
   std::lock_guard<std::mutex> lock(pd.request_mu);
   OR_RETURN_IF_ERROR(check_not_lost(pd.dev));
   Control& c = *pd.control;
@@ -234,6 +234,9 @@ orError_t request(ProcessDevice& pd, Request what, int arg0, int arg1,
   c.arg0 = arg0;
   c.arg1 = arg1;
   std::snprintf(c.text, sizeof(c.text), "%s", text != nullptr ? text : "");
+  for (int i = 0; i < 3; ++i) {
+    c.value[i] = values != nullptr ? values[i] : 0;
+  }
   const uint32_t seq = c.request_seq.load() + 1;
   c.request_seq.store(seq, std::memory_order_seq_cst);
   futex_wake(&c.request_seq);
@@ -376,6 +379,33 @@ orError_t function_get(orModule_st* module, const char* name,
   }
   fn->id = id;
   return orSuccess;
+}
+
+// ---- IPC ----------------------------------------------------------------
+
+orError_t map_import(int slot, const char* path, uint64_t offset,
+                     uint64_t length, uint64_t base) {
+  if (slot < 0 || slot >= kMaxImports) {
+    return orErrorInvalidValue;
+  }
+  const uint64_t values[3] = {offset, length, base};
+  // Every device process maps it: a copy between devices may run on
+  // either. A lost device runs nothing anyway.
+  for (auto& dev : runtime().devices) {
+    const orError_t err =
+        request(of(dev.get()), kMapImport, slot, 0, path, values);
+    if (err != orSuccess && err != orErrorDeviceLost) {
+      unmap_import(slot);
+      return err;
+    }
+  }
+  return orSuccess;
+}
+
+void unmap_import(int slot) {
+  for (auto& dev : runtime().devices) {
+    request(of(dev.get()), kUnmapImport, slot, 0, nullptr);
+  }
 }
 
 // ---- loss -------------------------------------------------------------

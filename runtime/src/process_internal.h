@@ -73,7 +73,8 @@ inline ProcessDevice& of(const Device* dev) { return *dev->process; }
 // Sends a request to the device process and waits for its answer;
 // orErrorDeviceLost if the process ends first.
 orError_t request(ProcessDevice& pd, openreg_proc::Request what, int arg0,
-                  int arg1, const char* text);
+                  int arg1, const char* text,
+                  const uint64_t* values = nullptr);  // 3 of Control::value
 
 }  // namespace proc
 }  // namespace openreg_rt

@@ -40,6 +40,8 @@ constexpr int kMaxEvents = 1 << 16;
 constexpr size_t kMessageBytes = 1024;
 // What orKernelContext::describe keeps (the NUL included).
 constexpr size_t kActivityBytes = 128;
+// Allocations of other user processes open at once (orIpcOpenMemHandle).
+constexpr int kMaxImports = 1024;
 
 // File descriptor numbers in the device process (posix_spawn dup2s them;
 // every other descriptor but 0, 1 and 2 is closed).
@@ -100,6 +102,12 @@ enum Request : uint32_t {
   kUnloadModule = 3,  // arg0 = module id
   kStartStream = 4,   // arg0 = ring
   kStopStream = 5,    // arg0 = ring (its commands have completed)
+  // Maps memory another user process exported (orIpcOpenMemHandle): arg0 =
+  // import slot, text = a path of the exporter's arena file that this
+  // process can open, value[0] = page-aligned offset in that file, value[1]
+  // = length, value[2] = the user process's address of that offset.
+  kMapImport = 6,
+  kUnmapImport = 7,  // arg0 = import slot
 };
 
 struct Control {
@@ -121,6 +129,7 @@ struct Control {
   uint32_t request;
   int32_t arg0;
   int32_t arg1;
+  uint64_t value[3];
   int32_t status;  // orError_t of the answer
   char text[4096];
   char answer[kMessageBytes];  // why a request failed (dlerror)

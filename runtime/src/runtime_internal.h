@@ -130,6 +130,12 @@ void pinned_free(void* ptr);
 orError_t copy(Stream* stream, void* dst, const void* src, size_t count,
                bool dst_is_device, bool src_is_device, bool wait);
 orError_t memset(Stream* stream, void* dst, int value, size_t count);
+// Maps memory another user process exported in every device process
+// (ipc.cpp): [offset, offset + length) of the file at `path` (openable by a
+// device process) at this process's address `base`; import `slot` names it.
+orError_t map_import(int slot, const char* path, uint64_t offset,
+                     uint64_t length, uint64_t base);
+void unmap_import(int slot);
 // A free slot of the event table, or -1; *base is the generation its
 // previous events reached (generations of a slot only grow, so a wait
 // queued for an earlier event of the slot is never undone by a later one).
