@@ -415,3 +415,44 @@ def test_crash_device_refuses_the_thread_driver():
         pytest.skip("the suite itself runs with OPENREG_DRIVER=process")
     with pytest.raises(RuntimeError, match="OPENREG_DRIVER=process"):
         torch.openreg.faults.crash_device(0)
+
+
+# TORCH_WARN_ONCE in a CPU kernel: once per program on the CPU. On openreg the
+# host runs a signature's first call and a device process the later ones, and
+# a device process is another program: what it warns comes back to Python at
+# the next synchronization, unless the host raised that message itself.
+WARN_ONCE = """
+import json, warnings, torch, torch_openreg
+def caught(device):
+    b = torch.arange(20.0, device=device)[::2]  # non-contiguous: warns once
+    v = torch.tensor([3.5, 7.0, 12.5], device=device)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = torch.searchsorted(b, v).cpu().tolist()
+        torch.openreg.synchronize()
+    assert out == [2, 4, 7], out
+    return [str(m.message) for m in w if "searchsorted" in str(m.message)]
+order = ORDER
+print(json.dumps({d: [caught(d) for _ in range(3)] for d in order}))
+"""
+
+
+@pytest.mark.parametrize("driver", ["thread", "process"])
+@pytest.mark.parametrize("first", ["openreg", "cpu"])
+def test_a_warning_of_a_device_process_reaches_python_once(py, driver, first):
+    order = [first, "cpu" if first == "openreg" else "openreg"]
+    env = dict(PROCESS, OPENREG_DRIVER=driver)
+    out = last_json(py(WARN_ONCE.replace("ORDER", repr(order)), **env))
+    counts = {d: [len(w) for w in calls] for d, calls in out.items()}
+    messages = {m for calls in out.values() for w in calls for m in w}
+    assert len(messages) == 1 and "non-contiguous" in messages.pop(), out
+    if first == "openreg":
+        # The host's first run warns; the device process's queued runs give
+        # the same message, which the host does not raise again.
+        assert counts == {"openreg": [1, 0, 0], "cpu": [0, 0, 0]}, out
+    elif driver == "thread":
+        assert counts == {"cpu": [1, 0, 0], "openreg": [0, 0, 0]}, out
+    else:
+        # The host's own flag is set; the device process warns once, at its
+        # first queued run (the second call), as a Python warning.
+        assert counts == {"cpu": [1, 0, 0], "openreg": [0, 1, 0]}, out

@@ -35,6 +35,12 @@ void* translate(void* state, const void* device_address) {
   return ctx->translate(ctx, device_address);
 }
 
+// A warning of the kernel, for the host (orKernelContext::warn).
+void warn(void* state, const char* message) {
+  auto* ctx = static_cast<orKernelContext*>(state);
+  ctx->warn(ctx, message);
+}
+
 // Where this kernel reaches the device address `address`; throws when it is
 // not device memory.
 void* device_ptr(orKernelContext* ctx, uint64_t address) {
@@ -205,7 +211,11 @@ extern "C" __attribute__((visibility("default"))) int openreg_boxed_call(
   }
   return run_reporting(ctx, op, [&] {
     const KernelThreads threads(call_threads(params, bytes));
-    openreg::run_boxed_call(params, bytes, {&translate, ctx});
+    openreg::WarningSink warnings;
+    if (ctx->version >= 3) {
+      warnings = {&warn, ctx};
+    }
+    openreg::run_boxed_call(params, bytes, {&translate, ctx}, warnings);
   });
 }
 

@@ -6,6 +6,7 @@
 #include <c10/util/strides.h>
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -313,8 +314,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_device", &current_device);
   m.def("_set_device", &set_device, py::arg("device"));
   m.def("_exchange_device", &exchange_device, py::arg("device"));
-  m.def("_synchronize", &synchronize, py::arg("device"),
-        py::call_guard<py::gil_scoped_release>());
+  // Warnings the device kept reach Python here too.
+  m.def("_synchronize", torch::wrap_pybind_function_no_gil(&synchronize),
+        py::arg("device"));
   m.def("_get_device_properties", &get_device_properties, py::arg("device"));
   m.def(
       "_stream_priority",

@@ -423,9 +423,17 @@ typedef struct orKernelContext {
    * the lost-device message names the kernel and this text; a failure
    * without a report_error message names both too. */
   void (*describe)(struct orKernelContext* ctx, const char* what);
+  /* Version 3. Gives the host a warning (copied, at most
+   * OR_MAX_WARNING_BYTES - 1 characters kept). The device keeps its
+   * warnings until the host takes them (orDeviceTakeWarnings), as CUDA keeps
+   * a kernel's printf output until a synchronization; past
+   * OR_MAX_PENDING_WARNINGS per stream it only counts them. */
+  void (*warn)(struct orKernelContext* ctx, const char* message);
 } orKernelContext;
 
-#define OR_KERNEL_CONTEXT_VERSION 2
+#define OR_KERNEL_CONTEXT_VERSION 3
+#define OR_MAX_WARNING_BYTES 512
+#define OR_MAX_PENDING_WARNINGS 16
 /* The most parameter bytes one launch may pass (CUDA allows 32764). */
 #define OR_MAX_KERNEL_PARAMS 32768
 
@@ -463,6 +471,14 @@ OPENREG_API orError_t orLaunchFunction(orStream_t stream, orFunction_t function,
  * orErrorInvalidValue (message NULL with size > 0). */
 OPENREG_API orError_t orStreamGetErrorMessage(orStream_t stream, char* message,
                                               size_t size);
+/* Calls fn(user_data, message) for each warning the kernels of `device`
+ * gave (orKernelContext::warn) and the host has not taken yet, oldest first
+ * within a stream, then forgets them. Warnings a full device dropped come
+ * as one message that counts them. fn must not call the driver. Errors:
+ * orErrorInvalidValue (fn NULL); orErrorInvalidDevice. */
+typedef void (*orWarningFn)(void* user_data, const char* message);
+OPENREG_API orError_t orDeviceTakeWarnings(int device, orWarningFn fn,
+                                           void* user_data);
 
 /* ------------------------------------------------------------------------ */
 /* Events                                                                   */

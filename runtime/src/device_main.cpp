@@ -111,6 +111,21 @@ void describe(orKernelContext* ctx, const char* what) {
                 what != nullptr ? what : "");
 }
 
+void warn(orKernelContext* ctx, const char* message) {
+  Ring& ring = *static_cast<CallState*>(ctx->driver_data)->ring;
+  const uint64_t written = ring.warn_written.load(std::memory_order_relaxed);
+  if (written - ring.warn_read.load(std::memory_order_acquire) >=
+      OR_MAX_PENDING_WARNINGS) {
+    ring.warn_dropped.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    std::snprintf(ring.warnings[written % OR_MAX_PENDING_WARNINGS],
+                  OR_MAX_WARNING_BYTES, "%s",
+                  message != nullptr ? message : "");
+    ring.warn_written.store(written + 1, std::memory_order_release);
+  }
+  g_control->warnings_pending.fetch_add(1, std::memory_order_seq_cst);
+}
+
 void record_error(Ring& ring, orError_t code, const char* message,
                   int function = -1, int status = 0) {
   uint32_t expected = 0;
@@ -166,6 +181,7 @@ void run_command(Ring& ring, const Slot& slot) {
       ctx.report_error = &report_error;
       ctx.driver_data = &call;
       ctx.describe = &describe;
+      ctx.warn = &warn;
       ring.activity[0] = '\0';
       ring.running.store(h.function + 1, std::memory_order_relaxed);
       const int status = fn(slot.params, h.bytes, &ctx);

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "runtime_internal.h"
 
@@ -53,6 +55,21 @@ void describe(orKernelContext* ctx, const char* what) {
   call->activity.resize(std::min<size_t>(call->activity.size(), 127));
 }
 
+void warn(orKernelContext* ctx, const char* message) {
+  auto* call = static_cast<KernelCall*>(ctx->driver_data);
+  Device* dev = call->stream->device();
+  std::string text(message != nullptr ? message : "");
+  text.resize(std::min<size_t>(text.size(), OR_MAX_WARNING_BYTES - 1));
+  std::lock_guard<std::mutex> lock(dev->warnings_mutex);
+  size_t& kept = dev->warnings_kept[call->stream];
+  if (kept >= OR_MAX_PENDING_WARNINGS) {
+    ++dev->warnings_dropped;
+    return;
+  }
+  ++kept;
+  dev->warnings.push_back(std::move(text));
+}
+
 }  // namespace
 
 namespace openreg_rt {
@@ -63,6 +80,13 @@ std::string kernel_label(const std::string& name, const char* activity) {
     label.append(" (").append(activity).append(")");
   }
   return label;
+}
+
+std::string dropped_warnings_message(uint64_t dropped) {
+  return "openreg: " + std::to_string(dropped) +
+         " more warnings from the device's kernels were not kept (at most " +
+         std::to_string(OR_MAX_PENDING_WARNINGS) +
+         " per stream between two synchronizations)";
 }
 
 std::string failed_kernel_message(const std::string& name, const char* activity,
@@ -83,6 +107,7 @@ void orStream::run_function(Task& task) {
   ctx.report_error = &report_error;
   ctx.driver_data = &call;
   ctx.describe = &describe;
+  ctx.warn = &warn;
   const int status = task.function->fn(task.params.get(), task.bytes, &ctx);
   task.params.reset();
   if (status != 0) {
@@ -201,6 +226,36 @@ orError_t orLaunchFunction(orStream_t stream, orFunction_t function,
     std::memcpy(copy.get(), params, bytes);
   }
   stream->enqueue_function(function, std::move(copy), bytes, attrs.hostThreads);
+  return orSuccess;
+}
+
+orError_t orDeviceTakeWarnings(int device, orWarningFn fn, void* user_data) {
+  if (fn == nullptr) {
+    return orErrorInvalidValue;
+  }
+  OR_RETURN_IF_ERROR(ensure_init());
+  Device* dev = device_at(device);
+  if (dev == nullptr) {
+    return orErrorInvalidDevice;
+  }
+  if (process_driver()) {
+    proc::take_warnings(dev, fn, user_data);
+    return orSuccess;
+  }
+  std::vector<std::string> taken;
+  uint64_t dropped = 0;
+  {
+    std::lock_guard<std::mutex> lock(dev->warnings_mutex);
+    taken.swap(dev->warnings);
+    dev->warnings_kept.clear();
+    dropped = std::exchange(dev->warnings_dropped, 0);
+  }
+  for (const std::string& text : taken) {
+    fn(user_data, text.c_str());
+  }
+  if (dropped > 0) {
+    fn(user_data, dropped_warnings_message(dropped).c_str());
+  }
   return orSuccess;
 }
 

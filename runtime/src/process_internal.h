@@ -63,6 +63,7 @@ struct ProcessDevice {
   std::mutex request_mu;  // one request at a time
   std::mutex rings_mu;    // guards ring_used
   bool ring_used[openreg_proc::kMaxStreams] = {};
+  std::mutex warnings_mu;  // one taker of the rings' warnings at a time
   std::atomic<bool> kill_requested{false};
   std::atomic<bool> reaped{false};  // the watcher has collected its status
   std::vector<int> arena_fds;       // every device's, passed to the process

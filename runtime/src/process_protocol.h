@@ -93,6 +93,14 @@ struct alignas(64) Ring {
   int32_t error_status = 0;
   char error_activity[kActivityBytes] = {};  // its describe() text
   char error_message[kMessageBytes];
+  // Warnings (orKernelContext::warn): the worker writes slot warn_written %
+  // OR_MAX_PENDING_WARNINGS, then advances warn_written; the host copies the
+  // slots up to it, then advances warn_read. When the host is
+  // OR_MAX_PENDING_WARNINGS behind, the worker counts warn_dropped instead.
+  alignas(64) std::atomic<uint64_t> warn_written{0};
+  std::atomic<uint64_t> warn_read{0};
+  std::atomic<uint64_t> warn_dropped{0};
+  char warnings[OR_MAX_PENDING_WARNINGS][OR_MAX_WARNING_BYTES];
   Slot slots[kRingSlots];
 };
 
@@ -120,6 +128,10 @@ struct Control {
   uint64_t pinned_base;  // the user process's pinned pool
   uint64_t pinned_capacity;
   std::atomic<uint32_t> ready;  // the device process sets it to 1
+  // Nonzero when a ring may hold warnings the host has not taken: the
+  // worker adds one after each warning, the host swaps in 0 before it
+  // reads the rings.
+  alignas(64) std::atomic<uint32_t> warnings_pending;
 
   // Requests: one at a time (the host serializes them). The host writes the
   // request, then increments request_seq; the device answers, then sets

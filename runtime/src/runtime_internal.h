@@ -79,6 +79,13 @@ struct Device {
   std::mutex lost_mutex;    // guards lost_reason
   std::string lost_reason;  // set before `lost`
 
+  // Warnings of named kernels (orKernelContext::warn), thread driver: kept
+  // until orDeviceTakeWarnings, at most OR_MAX_PENDING_WARNINGS per stream.
+  std::mutex warnings_mutex;  // guards the three fields below
+  std::vector<std::string> warnings;
+  std::map<const Stream*, size_t> warnings_kept;  // per stream
+  uint64_t warnings_dropped = 0;
+
   std::mutex streams_mutex;          // guards `streams`
   std::set<Stream*> streams;         // every live stream of the device
   Stream* default_stream = nullptr;  // created with the device, never freed
@@ -103,6 +110,8 @@ struct Runtime {
 // (orKernelContext::describe; activity may be NULL or empty). module.cpp.
 std::string kernel_label(const std::string& name, const char* activity);
 // A kernel that failed without a report_error message.
+// The message that counts the warnings a device dropped.
+std::string dropped_warnings_message(uint64_t dropped);
 std::string failed_kernel_message(const std::string& name, const char* activity,
                                   int status);
 
@@ -130,6 +139,8 @@ void pinned_free(void* ptr);
 orError_t copy(Stream* stream, void* dst, const void* src, size_t count,
                bool dst_is_device, bool src_is_device, bool wait);
 orError_t memset(Stream* stream, void* dst, int value, size_t count);
+// orDeviceTakeWarnings for a device process.
+void take_warnings(Device* dev, orWarningFn fn, void* user_data);
 // Maps memory another user process exported in every device process
 // (ipc.cpp): [offset, offset + length) of the file at `path` (openable by a
 // device process) at this process's address `base`; import `slot` names it.

@@ -95,6 +95,8 @@
     (stream, function, params, bytes, attributes))                             \
   X(orError_t, orStreamGetErrorMessage,                                        \
     (orStream_t stream, char* message, size_t size), (stream, message, size))  \
+  X(orError_t, orDeviceTakeWarnings,                                           \
+    (int device, orWarningFn fn, void* user_data), (device, fn, user_data))    \
   X(orError_t, orEventCreateWithFlags,                                         \
     (orEvent_t * event, unsigned int flags), (event, flags))                   \
   X(orError_t, orEventCreate, (orEvent_t * event), (event))                    \

@@ -477,5 +477,65 @@ TEST_F(ModuleTest, PageableCopiesLargerThanAnyStagingBuffer) {
   EXPECT_TRUE(back == host);
 }
 
+orError_t TakeWarningsStatus(int device) {
+  return orDeviceTakeWarnings(
+      device, [](void*, const char*) {}, nullptr);
+}
+
+std::vector<std::string> TakeWarnings(int device) {
+  std::vector<std::string> taken;
+  EXPECT_EQ(
+      orSuccess,
+      orDeviceTakeWarnings(
+          device,
+          [](void* out, const char* message) {
+            static_cast<std::vector<std::string>*>(out)->push_back(message);
+          },
+          &taken));
+  return taken;
+}
+
+TEST_F(ModuleTest, WarningsReachTheHostOnceInOrder) {
+  EXPECT_EQ(orErrorInvalidValue, orDeviceTakeWarnings(0, nullptr, nullptr));
+  int count = 0;
+  OR_ASSERT_OK(orGetDeviceCount(&count));
+  EXPECT_EQ(orErrorInvalidDevice, TakeWarningsStatus(count));
+  EXPECT_TRUE(TakeWarnings(0).empty());
+  OR_ASSERT_OK(Launch(nullptr, "or_test_warn", OrTestWarn{0, 2}));
+  OR_ASSERT_OK(Launch(nullptr, "or_test_warn", OrTestWarn{2, 1}));
+  OR_ASSERT_OK(orDeviceSynchronize());
+  EXPECT_EQ((std::vector<std::string>{"warning 0", "warning 1", "warning 2"}),
+            TakeWarnings(0));
+  EXPECT_TRUE(TakeWarnings(0).empty()) << "taken once";
+  // Another device's warnings are its own.
+  if (count > 1) {
+    OR_ASSERT_OK(orSetDevice(1));
+    OR_ASSERT_OK(Launch(nullptr, "or_test_warn", OrTestWarn{7, 1}));
+    OR_ASSERT_OK(orDeviceSynchronize());
+    OR_ASSERT_OK(orSetDevice(0));
+    EXPECT_TRUE(TakeWarnings(0).empty());
+    EXPECT_EQ(std::vector<std::string>{"warning 7"}, TakeWarnings(1));
+  }
+}
+
+TEST_F(ModuleTest, WarningsPastTheLimitAreCounted) {
+  constexpr uint32_t kExtra = 5;
+  OR_ASSERT_OK(Launch(nullptr, "or_test_warn",
+                      OrTestWarn{0, OR_MAX_PENDING_WARNINGS + kExtra}));
+  OR_ASSERT_OK(orDeviceSynchronize());
+  const std::vector<std::string> taken = TakeWarnings(0);
+  ASSERT_EQ(static_cast<size_t>(OR_MAX_PENDING_WARNINGS) + 1, taken.size());
+  EXPECT_EQ("warning 0", taken.front());
+  EXPECT_EQ("warning " + std::to_string(OR_MAX_PENDING_WARNINGS - 1),
+            taken[OR_MAX_PENDING_WARNINGS - 1]);
+  EXPECT_NE(std::string::npos,
+            taken.back().find(std::to_string(kExtra) + " more warnings"))
+      << taken.back();
+  // Taking them makes room again.
+  OR_ASSERT_OK(Launch(nullptr, "or_test_warn", OrTestWarn{100, 1}));
+  OR_ASSERT_OK(orDeviceSynchronize());
+  EXPECT_EQ(std::vector<std::string>{"warning 100"}, TakeWarnings(0));
+}
+
 }  // namespace
 }  // namespace openreg_test

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -154,6 +155,24 @@ __attribute__((visibility("default"))) int or_test_segfault(
   ctx->describe(ctx, "writing through a null pointer");
   volatile uint32_t* null_word = nullptr;
   *null_word = 1;
+  return 0;
+}
+
+// Gives the host warnings (orKernelContext::warn), then succeeds.
+__attribute__((visibility("default"))) int or_test_warn(const void* params,
+                                                        size_t bytes,
+                                                        orKernelContext* ctx) {
+  if (bytes != sizeof(OrTestWarn) || ctx->version < 3) {
+    ctx->report_error(ctx, "or_test_warn: wrong parameters or context");
+    return 1;
+  }
+  OrTestWarn p;
+  std::memcpy(&p, params, sizeof(p));
+  for (uint32_t i = 0; i < p.count; ++i) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "warning %u", p.first + i);
+    ctx->warn(ctx, text);
+  }
   return 0;
 }
 

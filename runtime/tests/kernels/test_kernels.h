@@ -30,6 +30,11 @@ inline uint64_t or_test_fnv1a(const unsigned char* data, size_t n) {
   return hash;
 }
 
+struct OrTestWarn {  // or_test_warn: "warning <first + i>" for i < count
+  uint32_t first;
+  uint32_t count;
+};
+
 struct OrTestGate {  // or_test_gate
   uint64_t entered;  // pinned host memory, one uint32, set to 1 on entry
   uint64_t open;     // pinned host memory, one uint32, waited for
