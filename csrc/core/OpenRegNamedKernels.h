@@ -25,6 +25,7 @@ enum class NamedKernel {
   kDropoutBackward,  // openreg_dropout_backward: DropoutBackwardParams
   kCompiledKernel,   // openreg_compiled_kernel: a torch.compile kernel
   kScaledAbs,        // openreg_scaled_abs: kernels::ScaledAbsParams
+  kWarn,  // openreg_fault_warn: gives its bytes as a device warning (faults)
 };
 
 // The function of `kernel`, loading the library on first use. Throws with

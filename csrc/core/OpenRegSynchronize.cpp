@@ -26,51 +26,6 @@ std::unordered_map<orStream_t, std::string> g_errors;
 // Warnings raised by kernels since the last synchronization, per stream.
 std::unordered_map<orStream_t, std::vector<c10::Warning>> g_warnings;
 
-// Hashes of the messages the host raised from CPU kernels it ran itself.
-std::unordered_set<uint64_t> g_host_warnings;
-
-uint64_t message_hash(const char* text, size_t n) {
-  return std::hash<std::string_view>{}(std::string_view(text, n));
-}
-
-// A warning of the device: its message, and where the CPU kernel gave it
-// when the device said so, as "<msg> (Triggered internally at FILE:LINE.)"
-// (what PyTorch's bindings print for a C++ warning, so Python shows the
-// same text as on the CPU). Files are interned: a SourceLocation keeps a
-// pointer.
-struct DeviceWarning {
-  std::string msg;
-  c10::SourceLocation where{};
-};
-
-DeviceWarning parse_device_warning(const char* message) {
-  static constexpr std::string_view kAt = " (Triggered internally at ";
-  DeviceWarning w{message, {nullptr, nullptr, 0}};
-  const size_t at = w.msg.rfind(kAt);
-  const size_t colon = w.msg.rfind(':');
-  if (at == std::string::npos || colon == std::string::npos || colon < at ||
-      w.msg.size() < 2 || w.msg.compare(w.msg.size() - 2, 2, ".)") != 0) {
-    return w;
-  }
-  const std::string file =
-      w.msg.substr(at + kAt.size(), colon - at - kAt.size());
-  const std::string line =
-      w.msg.substr(colon + 1, w.msg.size() - 2 - colon - 1);
-  if (line.empty() ||
-      line.find_first_not_of("0123456789") != std::string::npos) {
-    return w;
-  }
-  static std::mutex files_mutex;
-  static auto* files = new std::set<std::string>();  // leaked: see above
-  {
-    std::lock_guard<std::mutex> lock(files_mutex);
-    w.where = {"", files->insert(file).first->c_str(),
-               static_cast<uint32_t>(std::stoul(line))};
-  }
-  w.msg.resize(at);
-  return w;
-}
-
 std::atomic<SyncTraceFn> g_sync_trace{nullptr};
 std::atomic<HostWaitHook> g_host_wait{nullptr};
 
@@ -108,20 +63,13 @@ void raise_deferred_warnings(orStream_t stream, c10::DeviceIndex device) {
       }
     }
   }
-  // The device's own: named kernels' (orKernelContext::warn), such as a
-  // serialized call's CPU kernel in a device process. Like CUDA's printf
-  // buffer, any synchronization with the device delivers them.
+  // The device's own: kernels that warn on purpose (orKernelContext::warn).
+  // Like CUDA's printf buffer, any synchronization with the device delivers
+  // them.
   const auto take = [](void* out, const char* message) {
-    const DeviceWarning w = parse_device_warning(message);
-    {
-      std::lock_guard<std::mutex> lock(g_errors_mutex);
-      if (g_host_warnings.count(message_hash(w.msg.data(), w.msg.size()))) {
-        return;
-      }
-    }
     static_cast<std::vector<c10::Warning>*>(out)->emplace_back(
-        c10::UserWarning{}, w.where, w.msg,
-        /*verbatim=*/w.where.file == nullptr);
+        c10::UserWarning{}, c10::SourceLocation{"", "the openreg device", 0},
+        message, /*verbatim=*/false);
   };
   OPENREG_CHECK(orDeviceTakeWarnings(device, take, &warnings));
   for (const c10::Warning& w : warnings) {
@@ -191,11 +139,6 @@ void record_kernel_failure(orStream_t stream, const std::string& op,
   std::lock_guard<std::mutex> lock(g_errors_mutex);
   g_errors.emplace(stream,
                    "openreg kernel '" + op + "' failed on the device: " + what);
-}
-
-void remember_host_warning(const std::string& message) {
-  std::lock_guard<std::mutex> lock(g_errors_mutex);
-  g_host_warnings.insert(message_hash(message.data(), message.size()));
 }
 
 void record_kernel_warning(orStream_t stream, const c10::Warning& warning) {

@@ -28,12 +28,8 @@ void record_kernel_failure(orStream_t stream, const std::string& op,
 // or its device (on the synchronizing thread, so Python sees it).
 void record_kernel_warning(orStream_t stream, const c10::Warning& warning);
 
-// Warnings of the device itself (orKernelContext::warn: named kernels, such
-// as serialized calls a device process runs) are raised at any
-// synchronization of their device too, but for a message the host itself
-// raised before: a CPU kernel's TORCH_WARN_ONCE fires once per process, and
-// a device process is another process. The fallback's host runs call this.
-void remember_host_warning(const std::string& message);
+// Warnings of the device itself (orKernelContext::warn: kernels that warn on
+// purpose) are raised at any synchronization of their device too.
 
 // Waits until all work queued on `stream` (a stream of `device`, id `id`)
 // has finished; raises the deferred errors of that stream.

@@ -21,19 +21,9 @@ struct Translate {
   void* state;
 };
 
-// Where the warnings the CPU kernel gives go, but for those the call names
-// as known (the host raised them at the call): the device's
-// orKernelContext::warn. fn nullptr: they go to the thread's warning
-// handler, all of them.
-struct WarningSink {
-  void (*fn)(void* state, const char* message) = nullptr;
-  void* state = nullptr;
-};
-
 // Runs the call in `bytes`. Throws (c10::Error, std::runtime_error) what the
 // CPU kernel throws, and on a malformed call.
-void run_boxed_call(const void* bytes, size_t size, Translate translate,
-                    WarningSink warnings = {});
+void run_boxed_call(const void* bytes, size_t size, Translate translate);
 
 // The operator the call in `bytes` names, as "aten::add.out" ("" if the
 // bytes are too short to say): how a failure on the device names its op.

@@ -14,7 +14,6 @@
 //
 //   CallHeader
 //   the operator's name, then its overload name   (name_len, overload_len)
-//   known warnings n_known_warnings x uint64      warning_hash of each
 //   storages   n_storages x StorageRecord        device storages, once each
 //   tensors    n_tensors  x TensorRecord          + sizes, strides [, bytes]
 //   arguments  n_args values, each a Tag and its payload (below)
@@ -25,12 +24,6 @@
 // the caller made. A CPU tensor argument travels as a snapshot of its bytes
 // (kInlineStorage). Devices addresses are the device's (what orMalloc gave);
 // the kernel translates them (orKernelContext.translate).
-//
-// Known warnings are those the host raised at the call (the signature's
-// warnings, which the CPU kernel gives at every call): the device drops
-// them and hands the host any other warning the kernel gives
-// (orKernelContext.warn), which the host raises at the next
-// synchronization.
 #pragma once
 
 #include <cstddef>
@@ -44,16 +37,7 @@
 namespace openreg::call {
 
 constexpr uint32_t kMagic = 0x3143524f;  // "ORC1"
-constexpr uint16_t kVersion = 2;
-
-// The hash that names a known warning: FNV-1a of its message.
-inline uint64_t warning_hash(const char* text, size_t n) {
-  uint64_t hash = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) {
-    hash = (hash ^ static_cast<unsigned char>(text[i])) * 1099511628211ull;
-  }
-  return hash;
-}
+constexpr uint16_t kVersion = 1;
 
 enum class Mode : uint8_t {
   // Run the operator; copy each result named in the results section into
@@ -69,7 +53,7 @@ struct CallHeader {
   uint32_t magic;
   uint16_t version;
   Mode mode;
-  uint8_t n_known_warnings;
+  uint8_t reserved;
   int32_t threads;  // the most threads the kernel's parallel regions use
   uint16_t name_len;
   uint16_t overload_len;

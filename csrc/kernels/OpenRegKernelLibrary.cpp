@@ -35,12 +35,6 @@ void* translate(void* state, const void* device_address) {
   return ctx->translate(ctx, device_address);
 }
 
-// A warning of the kernel, for the host (orKernelContext::warn).
-void warn(void* state, const char* message) {
-  auto* ctx = static_cast<orKernelContext*>(state);
-  ctx->warn(ctx, message);
-}
-
 // Where this kernel reaches the device address `address`; throws when it is
 // not device memory.
 void* device_ptr(orKernelContext* ctx, uint64_t address) {
@@ -201,7 +195,11 @@ void run_compiled_kernel(const unsigned char* bytes, size_t size,
 
 // A serialized boxed call (kernels/OpenRegCallFormat.h). What the CPU
 // kernel throws becomes the launch's error message, naming the operator as
-// the host's deferred errors do.
+// the host's deferred errors do. What it warns is not handed to
+// orKernelContext::warn: the host raised at the call every warning the
+// signature gives, and a TORCH_WARN_ONCE the host raised once would come
+// again from a device process (its own once-flags); such warnings go to the
+// device process's stderr.
 extern "C" __attribute__((visibility("default"))) int openreg_boxed_call(
     const void* params, size_t bytes, orKernelContext* ctx) {
   // The operator, for a lost device's message and a failure's.
@@ -211,11 +209,7 @@ extern "C" __attribute__((visibility("default"))) int openreg_boxed_call(
   }
   return run_reporting(ctx, op, [&] {
     const KernelThreads threads(call_threads(params, bytes));
-    openreg::WarningSink warnings;
-    if (ctx->version >= 3) {
-      warnings = {&warn, ctx};
-    }
-    openreg::run_boxed_call(params, bytes, {&translate, ctx}, warnings);
+    openreg::run_boxed_call(params, bytes, {&translate, ctx});
   });
 }
 
@@ -368,6 +362,18 @@ extern "C" __attribute__((visibility("default"))) int openreg_fault_fail(
   const std::string message(static_cast<const char*>(params), bytes);
   ctx->report_error(ctx, message.c_str());
   return 1;
+}
+
+// faults.warn_on_device: gives its bytes as a warning of the device.
+extern "C" __attribute__((visibility("default"))) int openreg_fault_warn(
+    const void* params, size_t bytes, orKernelContext* ctx) {
+  const std::string message(static_cast<const char*>(params), bytes);
+  if (ctx->version < 3) {
+    ctx->report_error(ctx, "openreg_fault_warn: the driver has no warn()");
+    return 1;
+  }
+  ctx->warn(ctx, message.c_str());
+  return 0;
 }
 
 // faults::delay_kernels on such a device: params is one int64, the

@@ -450,6 +450,16 @@ PYBIND11_MODULE(_C, m) {
             named_kernel(NamedKernel::kCrash), &params, sizeof(params));
       },
       py::arg("device"), py::arg("how"));
+  m.def(
+      "_warn_on_device",
+      [](int device, const std::string& message) {
+        lazy_init();
+        check_device_index(static_cast<c10::DeviceIndex>(device));
+        launch_function(static_cast<c10::DeviceIndex>(device),
+                        "openreg_fault_warn", named_kernel(NamedKernel::kWarn),
+                        message.data(), message.size());
+      },
+      py::arg("device"), py::arg("message"));
   // [doc:c10d-binding]
   m.def(
       "_create_orccl_backend",

@@ -61,6 +61,7 @@ void warn(orKernelContext* ctx, const char* message) {
   std::string text(message != nullptr ? message : "");
   text.resize(std::min<size_t>(text.size(), OR_MAX_WARNING_BYTES - 1));
   std::lock_guard<std::mutex> lock(dev->warnings_mutex);
+  dev->warnings_pending.store(true, std::memory_order_release);
   size_t& kept = dev->warnings_kept[call->stream];
   if (kept >= OR_MAX_PENDING_WARNINGS) {
     ++dev->warnings_dropped;
@@ -242,10 +243,14 @@ orError_t orDeviceTakeWarnings(int device, orWarningFn fn, void* user_data) {
     proc::take_warnings(dev, fn, user_data);
     return orSuccess;
   }
+  if (!dev->warnings_pending.load(std::memory_order_acquire)) {
+    return orSuccess;  // the common case: one load
+  }
   std::vector<std::string> taken;
   uint64_t dropped = 0;
   {
     std::lock_guard<std::mutex> lock(dev->warnings_mutex);
+    dev->warnings_pending.store(false, std::memory_order_relaxed);
     taken.swap(dev->warnings);
     dev->warnings_kept.clear();
     dropped = std::exchange(dev->warnings_dropped, 0);

@@ -85,6 +85,7 @@ struct Device {
   std::vector<std::string> warnings;
   std::map<const Stream*, size_t> warnings_kept;  // per stream
   uint64_t warnings_dropped = 0;
+  std::atomic<bool> warnings_pending{false};  // set under warnings_mutex
 
   std::mutex streams_mutex;          // guards `streams`
   std::set<Stream*> streams;         // every live stream of the device

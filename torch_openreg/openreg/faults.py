@@ -19,6 +19,10 @@ the same path, so a test exercises the program's own error handling:
 - ``crash_device(device, how="segfault")``: a kernel crashes the device's
   process (``OPENREG_DRIVER=process`` only): the device is lost as above,
   and the reason names the signal and the kernel.
+- ``warn_on_device(message, device=0)``: a kernel on the device's current
+  stream gives ``message`` as a warning, as a kernel that warns on purpose
+  would; the next synchronization of the device or one of its streams
+  raises it as a Python ``UserWarning``, once.
 - ``delay_kernels(device=None, stream=None, max_us=1000, seed=0)``: kernels
   start late by seeded random amounts: a missing ``wait_stream``,
   ``record_stream`` or event wait then gives wrong values reproducibly.
@@ -53,6 +57,7 @@ __all__ = [
     "lose_device",
     "parse_spec",
     "report",
+    "warn_on_device",
 ]
 
 ENV_VAR = "OPENREG_FAULTS"
@@ -134,6 +139,17 @@ def crash_device(device: Any, how: str = "segfault") -> None:
     if how not in kinds:
         raise ValueError(f"how must be 'segfault' or 'abort', got {how!r}")
     _C._crash_device(_index(device), kinds[how])
+
+
+def warn_on_device(message: str, device: Any = 0) -> None:
+    """Queues, on ``device``'s current stream, a kernel that gives ``message``
+    as a device warning (``orKernelContext::warn``). The device keeps it until
+    the next synchronization of the device or one of its streams, which
+    raises it as a ``UserWarning``, once, as CUDA prints a kernel's ``printf``
+    output at a synchronization."""
+    if not isinstance(message, str) or not message:
+        raise ValueError(f"message must be a non-empty str, got {message!r}")
+    _C._warn_on_device(_index(device), message)
 
 
 def delay_kernels(

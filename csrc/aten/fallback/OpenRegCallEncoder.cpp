@@ -311,16 +311,10 @@ bool encode_call(const CallToEncode& c, std::vector<uint8_t>& out) {
   h.n_tensors = enc.n_tensors();
   h.n_args = static_cast<uint16_t>(c.args.size());
   h.n_results = static_cast<uint16_t>(results.size());
-  h.n_known_warnings =
-      static_cast<uint8_t>(std::min<size_t>(c.known_warnings.size(), 255));
   call::Writer w(out);
   w.put(h);
   w.put_bytes(name.data(), name.size());
   w.put_bytes(overload.data(), overload.size());
-  for (size_t i = 0; i < h.n_known_warnings; ++i) {
-    const std::string& msg = c.known_warnings[i].msg();
-    w.put(call::warning_hash(msg.data(), msg.size()));
-  }
   w.put_bytes(tables.data(), tables.size());
   w.put_bytes(body.data(), body.size());
   return out.size() <= OR_MAX_KERNEL_PARAMS;

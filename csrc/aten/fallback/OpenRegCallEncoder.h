@@ -6,7 +6,6 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
-#include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <utility>
@@ -33,9 +32,6 @@ struct CallToEncode {
   c10::ArrayRef<at::Tensor> results;
   c10::ArrayRef<std::pair<size_t, int>> result_slots;
   int threads = 0;  // the most threads the kernel may use
-  // The warnings the host raises at the call: the device drops them (at
-  // most 255 are written; more come from the device twice).
-  c10::ArrayRef<c10::Warning> known_warnings;
 };
 
 // Writes the call to `out` (cleared first). Returns false, leaving `out` in

@@ -49,7 +49,6 @@
 #include "aten/fallback/OpenRegQueuedCall.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegLaunchStats.h"
-#include "core/OpenRegSynchronize.h"
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegKernelScratch.h"
 #include "memory/OpenRegMemcpy.h"
@@ -147,7 +146,6 @@ class ForwardingRecorder : public c10::WarningHandler {
   ForwardingRecorder() : next_(c10::WarningUtils::get_warning_handler()) {}
   void process(const c10::Warning& warning) override {
     warnings.push_back(warning);
-    remember_host_warning(warning.msg());
     next_->process(warning);
   }
   std::vector<c10::Warning> warnings;
@@ -302,12 +300,12 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
       }
     });
   }
-  // Every synchronous run records its warnings: a device process must not
-  // raise again one the host raised once (TORCH_WARN_ONCE).
   std::optional<ForwardingRecorder> recorder;
   std::optional<c10::WarningUtils::WarningHandlerGuard> recording;
-  recorder.emplace();
-  recording.emplace(&*recorder);
+  if (learn) {
+    recorder.emplace();
+    recording.emplace(&*recorder);
+  }
   // Staged: the kernel allocates host memory, and results are copied to
   // the device after it.
   const bool staged = staged_scope.has_value();

@@ -260,7 +260,6 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
     c.results = new_results;
     c.result_slots = call->result_slots;
     c.threads = kernel_thread_cap(plan->elements);
-    c.known_warnings = plan->warnings;
     call->serialized = encode_call(c, call->bytes);
   }
   if (!call->serialized) {
