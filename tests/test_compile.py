@@ -467,13 +467,14 @@ def test_launcher_rejects_bad_arguments(launcher):
 def test_launcher_of_a_missing_library_fails_on_the_device(tmp_path):
     # The device loads the library by path when the kernel runs: a library
     # gone by then is the kernel's failure, raised at the synchronization
-    # with the path, and the stream goes on.
+    # with the path (at the launch with OPENREG_LAUNCH_BLOCKING=1), and the
+    # stream goes on.
     kernel = _C._CompiledKernel("k_gone", str(tmp_path / "gone.so"), "openreg_launch", "p")
     out = torch.zeros(4, device=D)
-    kernel(out)
     with pytest.raises(
         RuntimeError, match=r"k_gone.*cannot load the compiled kernel library '.*gone\.so'"
     ):
+        kernel(out)
         torch.openreg.synchronize()
     close(out + 1, torch.ones(4))
 
