@@ -1,12 +1,8 @@
 #include "core/OpenRegSynchronize.h"
 
 #include <atomic>
-#include <cstring>
 #include <mutex>
-#include <set>
-#include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
