@@ -25,11 +25,10 @@ void record_kernel_failure(orStream_t stream, const std::string& op,
 
 // Deferred kernel warnings: a warning a kernel raises on a stream's worker
 // is kept and raised, unchanged, at the next synchronization of the stream
-// or its device (on the synchronizing thread, so Python sees it).
+// or its device (on the synchronizing thread, so Python sees it). Warnings
+// of the device itself (orKernelContext::warn: kernels that warn on purpose)
+// are raised at any synchronization of their device too.
 void record_kernel_warning(orStream_t stream, const c10::Warning& warning);
-
-// Warnings of the device itself (orKernelContext::warn: kernels that warn on
-// purpose) are raised at any synchronization of their device too.
 
 // Waits until all work queued on `stream` (a stream of `device`, id `id`)
 // has finished; raises the deferred errors of that stream.

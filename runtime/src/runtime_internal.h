@@ -110,9 +110,9 @@ struct Runtime {
 // " (activity)" when the kernel described what it was doing
 // (orKernelContext::describe; activity may be NULL or empty). module.cpp.
 std::string kernel_label(const std::string& name, const char* activity);
-// A kernel that failed without a report_error message.
 // The message that counts the warnings a device dropped.
 std::string dropped_warnings_message(uint64_t dropped);
+// A kernel that failed without a report_error message.
 std::string failed_kernel_message(const std::string& name, const char* activity,
                                   int status);
 
