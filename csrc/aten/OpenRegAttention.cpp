@@ -153,7 +153,7 @@ OpenRegNativeFunctions::_scaled_dot_product_fused_attention_overrideable(
                 query.options().dtype(at::toOpMathType(query.scalar_type())));
   const bool queued = flash_accepts(query, key, value, attn_bias, dropout_p);
   const std::array<at::Tensor, 2> results{out, logsumexp};
-  if (queued && !host_kernels_supported() &&
+  if (queued &&
       launch_boxed_call(
           device.index(),
           "aten::_scaled_dot_product_fused_attention_overrideable", flash_op(),
@@ -161,31 +161,7 @@ OpenRegNativeFunctions::_scaled_dot_product_fused_attention_overrideable(
            has_mask ? c10::IValue(*attn_bias) : c10::IValue(),
            scale.has_value() ? c10::IValue(*scale) : c10::IValue()},
           results, -1)) {
-    // A device that runs named kernels only runs the CPU's flash kernel
-    // from bytes (the same kernel as the closure below).
-  } else if (queued) {
-    std::optional<at::Tensor> mask;
-    if (has_mask) {
-      mask = borrowed_alias(*attn_bias);
-    }
-    launch_async(
-        device.index(),
-        "aten::_scaled_dot_product_fused_attention_overrideable",
-        [q = borrowed_alias(query), k = borrowed_alias(key),
-         v = borrowed_alias(value), mask, o = borrowed_alias(out),
-         lse = borrowed_alias(logsumexp), dropout_p, is_causal, scale]() {
-          at::AutoDispatchBelowADInplaceOrView below_autograd;
-          KernelViews views;
-          std::optional<at::Tensor> m;
-          if (mask.has_value()) {
-            m = views.view(*mask);
-          }
-          auto [ro, rl] = at::_scaled_dot_product_flash_attention_for_cpu(
-              views.view(q), views.view(k), views.view(v), dropout_p, is_causal,
-              m, scale);
-          views.view(o).copy_(ro);
-          views.view(lse).copy_(rl);
-        });
+    // The device runs the CPU's flash kernel from bytes, with either driver.
   } else {
     at::Tensor cpu_out;
     at::Tensor cpu_logsumexp;
@@ -289,45 +265,18 @@ OpenRegNativeFunctions::
     const char* name =
         "aten::_scaled_dot_product_fused_attention_overrideable_backward";
     const std::array<at::Tensor, 3> grads{gq, gk, gv};
-    std::optional<at::Tensor> mask;
-    if (has_mask) {
-      mask = borrowed_alias(attn_bias);
-    }
-    if (host_kernels_supported() ||
-        !launch_boxed_call(
+    if (launch_boxed_call(
             device.index(), name, flash_backward_op(),
             {grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
              has_mask ? c10::IValue(attn_bias) : c10::IValue(),
              scale.has_value() ? c10::IValue(*scale) : c10::IValue()},
             grads, -1)) {
-      launch_async(
-          device.index(), name,
-          [go = borrowed_alias(grad_out), q = borrowed_alias(query),
-           k = borrowed_alias(key), v = borrowed_alias(value),
-           o = borrowed_alias(out), lse = borrowed_alias(logsumexp), mask,
-           rq = borrowed_alias(gq), rk = borrowed_alias(gk),
-           rv = borrowed_alias(gv), dropout_p, is_causal, scale]() {
-            at::AutoDispatchBelowADInplaceOrView below_autograd;
-            KernelViews views;
-            std::optional<at::Tensor> m;
-            if (mask.has_value()) {
-              m = views.view(*mask);
-            }
-            auto [cq, ck, cv] =
-                at::_scaled_dot_product_flash_attention_for_cpu_backward(
-                    views.view(go), views.view(q), views.view(k), views.view(v),
-                    views.view(o), views.view(lse), dropout_p, is_causal, m,
-                    scale);
-            views.view(rq).copy_(cq);
-            views.view(rk).copy_(ck);
-            views.view(rv).copy_(cv);
-          });
+      return {gq, gk, gv,
+              grad_input_mask[3]
+                  ? mask_gradient(grad_out, query, key, value, attn_bias, out,
+                                  logsumexp, is_causal, scale)
+                  : at::Tensor()};
     }
-    return {gq, gk, gv,
-            grad_input_mask[3]
-                ? mask_gradient(grad_out, query, key, value, attn_bias, out,
-                                logsumexp, is_causal, scale)
-                : at::Tensor()};
   }
   at::Tensor gq, gk, gv;
   run_sync(device.index(), [&] {

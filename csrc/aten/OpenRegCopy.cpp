@@ -152,16 +152,7 @@ at::Tensor OpenRegNativeFunctions::_copy_from(const at::Tensor& self,
     // Device to device on one device: a kernel queued on the stream (the
     // host does not wait), with non-owning handles like every async kernel;
     // a named kernel on a device that runs only those.
-    if (!host_kernels_supported()) {
-      if (launch_named_copy(self, dst, device)) {
-        return dst;
-      }
-    } else {
-      launch_async(device, "aten::copy_",
-                   [src = borrowed_alias(self), out = borrowed_alias(dst)]() {
-                     KernelViews views;
-                     views.view(out).copy_(views.view(src));
-                   });
+    if (launch_named_copy(self, dst, device)) {
       return dst;
     }
   }

@@ -15,7 +15,6 @@
 
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
-#include "core/OpenRegFunctions.h"
 #include "core/OpenRegNamedKernels.h"
 #include "kernels/OpenRegCustomOpKernels.h"
 
@@ -35,29 +34,16 @@ at::Tensor scaled_abs_openreg(const at::Tensor& x, double scale) {
   at::Tensor out = at::empty_like(in);
   const c10::DeviceIndex device = in.device().index();
   const int64_t n = in.numel();
-  if (!host_kernels_supported()) {
-    // A device with its own memory: the kernel library's kernel, by name.
-    kernels::ScaledAbsParams p{};
-    p.in = device_address(in);
-    p.out = device_address(out);
-    p.n = n;
-    p.scale = scale;
-    p.dtype = static_cast<int32_t>(in.scalar_type());
-    p.threads = kernel_thread_cap(n);
-    launch_function(device, "openreg::scaled_abs",
-                    named_kernel(NamedKernel::kScaledAbs), &p, sizeof(p), n);
-    return out;
-  }
-  launch_async(
-      device, "openreg::scaled_abs",
-      [src = borrowed_alias(in), res = borrowed_alias(out), n, scale] {
-        KernelViews views;
-        at::Tensor dst = views.view(res);
-        kernels::scaled_abs(views.view(src).const_data_ptr(),
-                            dst.mutable_data_ptr(), n, dst.scalar_type(),
-                            scale);
-      },
-      n);
+  // The kernel library's kernel, by name, with either driver.
+  kernels::ScaledAbsParams p{};
+  p.in = device_address(in);
+  p.out = device_address(out);
+  p.n = n;
+  p.scale = scale;
+  p.dtype = static_cast<int32_t>(in.scalar_type());
+  p.threads = kernel_thread_cap(n);
+  launch_function(device, "openreg::scaled_abs",
+                  named_kernel(NamedKernel::kScaledAbs), &p, sizeof(p), n);
   return out;
 }
 // [/doc:custom-op-kernel]

@@ -376,6 +376,7 @@ bool launch_boxed_call(c10::DeviceIndex device, const std::string& op_name,
   call.results = defined;
   call.result_slots = slots;
   call.threads = kernel_thread_cap(elements);
+  call.forward_warnings = host_kernels_supported();  // see OpenRegCallFormat.h
   thread_local std::vector<uint8_t> bytes;
   if (!encode_call(call, bytes)) {
     return false;

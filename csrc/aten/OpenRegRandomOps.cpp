@@ -11,7 +11,6 @@
 #include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
-#include "core/OpenRegFunctions.h"
 #include "core/OpenRegNamedKernels.h"
 #include "kernels/OpenRegDropout.h"
 #include "random/OpenRegGenerator.h"
@@ -30,10 +29,10 @@ bool fusable(const at::Tensor& t) {
 }
 
 // [doc:fused-dropout-launch]
-// One kernel writes the mask and the result (kernels/OpenRegDropout.cpp):
-// a host closure on the thread driver, the kernel library's named kernel
-// openreg_dropout on a device that runs named kernels only. Either way the
-// draw is reserved here, in program order, and the bits are the same.
+// One kernel writes the mask and the result: the kernel library's named
+// kernel openreg_dropout (kernels/OpenRegDropout.cpp), with either driver.
+// The draw is reserved here, in program order, so the bits do not depend on
+// when or where the kernel runs.
 std::tuple<at::Tensor, at::Tensor> fused_dropout(const at::Tensor& input,
                                                  double keep) {
   const double scale = keep == 0. ? 0. : 1. / keep;
@@ -45,35 +44,19 @@ std::tuple<at::Tensor, at::Tensor> fused_dropout(const at::Tensor& input,
   const c10::DeviceIndex device = input.device().index();
   const RandomDraw draw = reserve_draw(std::nullopt, device);
   const int64_t n = input.numel();
-  if (!host_kernels_supported()) {
-    kernels::DropoutParams p{};
-    p.in = device_address(input);
-    p.out = device_address(out);
-    p.mask = device_address(mask);
-    p.n = n;
-    p.seed = draw.seed;
-    p.offset = draw.offset;
-    p.scale = scale;
-    p.threshold = threshold;
-    p.dtype = static_cast<int32_t>(input.scalar_type());
-    p.threads = kernel_thread_cap(n);
-    launch_function(device, "aten::native_dropout",
-                    named_kernel(NamedKernel::kDropout), &p, sizeof(p), n);
-    return {out, mask};
-  }
-  launch_async(
-      device, "aten::native_dropout",
-      [in = borrowed_alias(input), res = borrowed_alias(out),
-       m = borrowed_alias(mask), n, threshold, scale, draw] {
-        KernelViews views;
-        const at::Tensor src = views.view(in);
-        at::Tensor dst = views.view(res);
-        at::Tensor bits = views.view(m);
-        kernels::dropout(src.const_data_ptr(), dst.mutable_data_ptr(),
-                         bits.mutable_data_ptr<bool>(), n, src.scalar_type(),
-                         threshold, scale, draw.seed, draw.offset);
-      },
-      n);
+  kernels::DropoutParams p{};
+  p.in = device_address(input);
+  p.out = device_address(out);
+  p.mask = device_address(mask);
+  p.n = n;
+  p.seed = draw.seed;
+  p.offset = draw.offset;
+  p.scale = scale;
+  p.threshold = threshold;
+  p.dtype = static_cast<int32_t>(input.scalar_type());
+  p.threads = kernel_thread_cap(n);
+  launch_function(device, "aten::native_dropout",
+                  named_kernel(NamedKernel::kDropout), &p, sizeof(p), n);
   return {out, mask};
 }
 // [/doc:fused-dropout-launch]
@@ -114,33 +97,17 @@ at::Tensor OpenRegNativeFunctions::native_dropout_backward(
   at::Tensor out = at::empty_like(grad);
   const int64_t n = grad.numel();
   const c10::DeviceIndex device = grad.device().index();
-  if (!host_kernels_supported()) {
-    kernels::DropoutBackwardParams p{};
-    p.grad = device_address(grad);
-    p.mask = device_address(mask);
-    p.out = device_address(out);
-    p.n = n;
-    p.scale = scale;
-    p.dtype = static_cast<int32_t>(grad.scalar_type());
-    p.threads = kernel_thread_cap(n);
-    launch_function(device, "aten::native_dropout_backward",
-                    named_kernel(NamedKernel::kDropoutBackward), &p, sizeof(p),
-                    n);
-    return out;
-  }
-  launch_async(
-      device, "aten::native_dropout_backward",
-      [g = borrowed_alias(grad), m = borrowed_alias(mask),
-       res = borrowed_alias(out), n, scale] {
-        KernelViews views;
-        const at::Tensor src = views.view(g);
-        const at::Tensor bits = views.view(m);
-        at::Tensor dst = views.view(res);
-        kernels::dropout_backward(
-            src.const_data_ptr(), bits.const_data_ptr<bool>(),
-            dst.mutable_data_ptr(), n, src.scalar_type(), scale);
-      },
-      n);
+  kernels::DropoutBackwardParams p{};
+  p.grad = device_address(grad);
+  p.mask = device_address(mask);
+  p.out = device_address(out);
+  p.n = n;
+  p.scale = scale;
+  p.dtype = static_cast<int32_t>(grad.scalar_type());
+  p.threads = kernel_thread_cap(n);
+  launch_function(device, "aten::native_dropout_backward",
+                  named_kernel(NamedKernel::kDropoutBackward), &p, sizeof(p),
+                  n);
   return out;
 }
 

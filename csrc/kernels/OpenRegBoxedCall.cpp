@@ -6,8 +6,10 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -71,10 +73,29 @@ at::Tensor make_view(const c10::Storage& storage, c10::ScalarType dtype,
   return view;
 }
 
+// Hands the kernel's warnings to a WarningSink, but for the known ones.
+class SinkWarnings : public c10::WarningHandler {
+ public:
+  SinkWarnings(WarningSink sink, c10::ArrayRef<uint64_t> known)
+      : sink_(sink), known_(known) {}
+  void process(const c10::Warning& warning) override {
+    const std::string& msg = warning.msg();
+    const uint64_t hash = call::warning_hash(msg.data(), msg.size());
+    if (std::find(known_.begin(), known_.end(), hash) == known_.end()) {
+      sink_.fn(sink_.state, msg.c_str());
+    }
+  }
+
+ private:
+  WarningSink sink_;
+  c10::ArrayRef<uint64_t> known_;
+};
+
 class Decoder {
  public:
-  Decoder(const void* bytes, size_t size, Translate translate)
-      : r_(bytes, size), translate_(translate) {}
+  Decoder(const void* bytes, size_t size, Translate translate,
+          WarningSink warnings)
+      : r_(bytes, size), translate_(translate), warnings_(warnings) {}
 
   void run() {
     const auto h = r_.get<call::CallHeader>();
@@ -86,6 +107,10 @@ class Decoder {
         reinterpret_cast<const char*>(r_.take(h.overload_len));
     const c10::OperatorHandle& op =
         find_operator(name, h.name_len, overload, h.overload_len);
+    c10::SmallVector<uint64_t, 2> known(h.n_known_warnings);
+    for (uint64_t& hash : known) {
+      hash = r_.get<uint64_t>();
+    }
     storages_.reserve(h.n_storages);
     for (uint16_t i = 0; i < h.n_storages; ++i) {
       storages_.push_back(storage(r_.get<call::StorageRecord>()));
@@ -112,6 +137,11 @@ class Decoder {
       }
     }
     {
+      SinkWarnings sink(warnings_, known);
+      std::optional<c10::WarningUtils::WarningHandlerGuard> to_sink;
+      if ((h.flags & call::kForwardWarnings) != 0 && warnings_.fn != nullptr) {
+        to_sink.emplace(&sink);
+      }
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
     }
@@ -330,14 +360,16 @@ class Decoder {
 
   Reader r_;
   Translate translate_;
+  WarningSink warnings_;
   c10::SmallVector<c10::Storage, 4> storages_;
   c10::SmallVector<DecodedTensor, 4> tensors_;
 };
 
 }  // namespace
 
-void run_boxed_call(const void* bytes, size_t size, Translate translate) {
-  Decoder(bytes, size, translate).run();
+void run_boxed_call(const void* bytes, size_t size, Translate translate,
+                    WarningSink warnings) {
+  Decoder(bytes, size, translate, warnings).run();
 }
 
 std::string boxed_call_name(const void* bytes, size_t size) {

@@ -21,9 +21,19 @@ struct Translate {
   void* state;
 };
 
+// Where the kernel's warnings go when the call forwards them
+// (call::kForwardWarnings): fn gets each one's text.
+struct WarningSink {
+  void (*fn)(void* state, const char* message) = nullptr;
+  void* state = nullptr;
+};
+
 // Runs the call in `bytes`. Throws (c10::Error, std::runtime_error) what the
-// CPU kernel throws, and on a malformed call.
-void run_boxed_call(const void* bytes, size_t size, Translate translate);
+// CPU kernel throws, and on a malformed call. The kernel's warnings go to
+// `warnings` if the call forwards them and `warnings.fn` is set, else to the
+// calling thread's warning handler.
+void run_boxed_call(const void* bytes, size_t size, Translate translate,
+                    WarningSink warnings = {});
 
 // The operator the call in `bytes` names, as "aten::add.out" ("" if the
 // bytes are too short to say): how a failure on the device names its op.

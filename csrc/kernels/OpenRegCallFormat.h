@@ -14,6 +14,7 @@
 //
 //   CallHeader
 //   the operator's name, then its overload name   (name_len, overload_len)
+//   known warnings n_known_warnings x uint64      warning_hash of each
 //   storages   n_storages x StorageRecord        device storages, once each
 //   tensors    n_tensors  x TensorRecord          + sizes, strides [, bytes]
 //   arguments  n_args values, each a Tag and its payload (below)
@@ -24,6 +25,15 @@
 // the caller made. A CPU tensor argument travels as a snapshot of its bytes
 // (kInlineStorage). Devices addresses are the device's (what orMalloc gave);
 // the kernel translates them (orKernelContext.translate).
+//
+// Warnings: with kForwardWarnings, the device hands the host what the CPU
+// kernel warns (orKernelContext.warn), but for the known warnings, which the
+// host raised at the call (the signature's warnings: the CPU kernel gives
+// them at every call). The host sets it only when the kernel runs in its own
+// process (the thread driver), where TORCH_WARN_ONCE's flags are the host's:
+// a device process has flags of its own and would give again a once-warning
+// the host already raised, so there the kernel's warnings stay on the device
+// (its stderr).
 #pragma once
 
 #include <cstddef>
@@ -37,7 +47,20 @@
 namespace openreg::call {
 
 constexpr uint32_t kMagic = 0x3143524f;  // "ORC1"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
+
+// The hash that names a known warning: FNV-1a of its message.
+inline uint64_t warning_hash(const char* text, size_t n) {
+  uint64_t hash = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) {
+    hash = (hash ^ static_cast<unsigned char>(text[i])) * 1099511628211ull;
+  }
+  return hash;
+}
+
+enum CallFlags : uint8_t {
+  kForwardWarnings = 1,  // the kernel's warnings go to the host (see above)
+};
 
 enum class Mode : uint8_t {
   // Run the operator; copy each result named in the results section into
@@ -53,7 +76,7 @@ struct CallHeader {
   uint32_t magic;
   uint16_t version;
   Mode mode;
-  uint8_t reserved;
+  uint8_t flags;    // CallFlags
   int32_t threads;  // the most threads the kernel's parallel regions use
   uint16_t name_len;
   uint16_t overload_len;
@@ -61,6 +84,8 @@ struct CallHeader {
   uint16_t n_tensors;
   uint16_t n_args;
   uint16_t n_results;
+  uint16_t n_known_warnings;
+  uint16_t reserved;
 };
 
 struct StorageRecord {

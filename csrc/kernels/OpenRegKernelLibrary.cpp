@@ -35,6 +35,12 @@ void* translate(void* state, const void* device_address) {
   return ctx->translate(ctx, device_address);
 }
 
+// A warning of the kernel, for the host (orKernelContext::warn).
+void warn(void* state, const char* message) {
+  auto* ctx = static_cast<orKernelContext*>(state);
+  ctx->warn(ctx, message);
+}
+
 // Where this kernel reaches the device address `address`; throws when it is
 // not device memory.
 void* device_ptr(orKernelContext* ctx, uint64_t address) {
@@ -195,11 +201,11 @@ void run_compiled_kernel(const unsigned char* bytes, size_t size,
 
 // A serialized boxed call (kernels/OpenRegCallFormat.h). What the CPU
 // kernel throws becomes the launch's error message, naming the operator as
-// the host's deferred errors do. What it warns is not handed to
-// orKernelContext::warn: the host raised at the call every warning the
-// signature gives, and a TORCH_WARN_ONCE the host raised once would come
-// again from a device process (its own once-flags); such warnings go to the
-// device process's stderr.
+// the host's deferred errors do. What it warns goes to
+// orKernelContext::warn when the call says so (the kernel runs in the
+// host's process, the thread driver), but for the warnings the host raised
+// at the call; else to this thread's handler (a device process's stderr:
+// its TORCH_WARN_ONCE flags are not the host's, see OpenRegCallFormat.h).
 extern "C" __attribute__((visibility("default"))) int openreg_boxed_call(
     const void* params, size_t bytes, orKernelContext* ctx) {
   // The operator, for a lost device's message and a failure's.
@@ -209,7 +215,11 @@ extern "C" __attribute__((visibility("default"))) int openreg_boxed_call(
   }
   return run_reporting(ctx, op, [&] {
     const KernelThreads threads(call_threads(params, bytes));
-    openreg::run_boxed_call(params, bytes, {&translate, ctx});
+    openreg::WarningSink warnings;
+    if (ctx->version >= 3) {
+      warnings = {&warn, ctx};
+    }
+    openreg::run_boxed_call(params, bytes, {&translate, ctx}, warnings);
   });
 }
 

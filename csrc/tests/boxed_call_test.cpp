@@ -80,6 +80,12 @@ class CallBuilder {
         openreg::call::ResultRecord{ret, -1, static_cast<uint16_t>(t)});
     ++n_results_;
   }
+  // The kernel's warnings go to the host (orKernelContext::warn), but for
+  // `known` (their messages).
+  void forward_warnings(std::vector<std::string> known) {
+    flags_ |= openreg::call::kForwardWarnings;
+    known_ = std::move(known);
+  }
   std::vector<uint8_t> build(const std::string& name,
                              const std::string& overload,
                              Mode mode = Mode::kCopyResults) const {
@@ -89,6 +95,7 @@ class CallBuilder {
     h.magic = openreg::call::kMagic;
     h.version = openreg::call::kVersion;
     h.mode = mode;
+    h.flags = flags_;
     h.threads = 1;
     h.name_len = static_cast<uint16_t>(name.size());
     h.overload_len = static_cast<uint16_t>(overload.size());
@@ -96,9 +103,13 @@ class CallBuilder {
     h.n_tensors = n_tensors_;
     h.n_args = n_args_;
     h.n_results = n_results_;
+    h.n_known_warnings = static_cast<uint16_t>(known_.size());
     w.put(h);
     w.put_bytes(name.data(), name.size());
     w.put_bytes(overload.data(), overload.size());
+    for (const std::string& msg : known_) {
+      w.put(openreg::call::warning_hash(msg.data(), msg.size()));
+    }
     for (const auto* part : {&storages_, &tensors_, &args_, &results_}) {
       w.put_bytes(part->data(), part->size());
     }
@@ -112,6 +123,8 @@ class CallBuilder {
   }
   std::vector<uint8_t> storages_, tensors_, args_, results_;
   uint16_t n_storages_ = 0, n_tensors_ = 0, n_args_ = 0, n_results_ = 0;
+  uint8_t flags_ = 0;
+  std::vector<std::string> known_;
 };
 
 // A device buffer holding a copy of a CPU tensor's (contiguous) bytes.
@@ -292,6 +305,52 @@ TEST_F(BoxedCallTest, MalformedCallsFailWithoutLosingTheDevice) {
   EXPECT_NE(LastMessage().find("aten::no_such_op"), std::string::npos)
       << LastMessage();
   OR_ASSERT_OK(orDeviceGetLossReason(0, nullptr, 0));
+}
+
+// The device's warnings, taken (orDeviceTakeWarnings).
+std::vector<std::string> TakeWarnings() {
+  std::vector<std::string> taken;
+  EXPECT_EQ(
+      orSuccess,
+      orDeviceTakeWarnings(
+          0,
+          [](void* out, const char* message) {
+            static_cast<std::vector<std::string>*>(out)->push_back(message);
+          },
+          &taken));
+  return taken;
+}
+
+TEST_F(BoxedCallTest, ForwardedWarningsReachTheHostButForTheKnownOnes) {
+  // neg.out into a larger out= tensor that the call does not mark written:
+  // the CPU kernel resizes it and warns at every call (resize_output).
+  const at::Tensor x = at::randn({3});
+  DeviceBuffer dx(x), dout(4 * sizeof(float));
+  const auto call = [&](bool forward, std::vector<std::string> known) {
+    CallBuilder c;
+    c.arg_tensor(c.tensor(c.storage(dx.ptr, dx.nbytes), x));
+    c.arg_tensor(c.tensor(c.storage(dout.ptr, dout.nbytes), at::empty({4})));
+    if (forward) {
+      c.forward_warnings(std::move(known));
+    }
+    return c.build("aten::neg", "out");
+  };
+  TakeWarnings();  // none left from another test
+  OR_ASSERT_OK(Run(call(true, {})));
+  OR_ASSERT_OK(Run(call(true, {})));
+  const std::vector<std::string> taken = TakeWarnings();
+  ASSERT_EQ(2u, taken.size());
+  EXPECT_EQ(0u, taken[0].find("An output with one or more elements was "
+                              "resized since it had shape [4]"))
+      << taken[0];
+  EXPECT_EQ(taken[0], taken[1]);
+  EXPECT_TRUE(TakeWarnings().empty());  // taken once
+  // The host raised it at the call: the device drops it.
+  OR_ASSERT_OK(Run(call(true, {"another warning", taken[0]})));
+  // Not forwarded: it stays on the device (the thread's handler).
+  OR_ASSERT_OK(Run(call(false, {})));
+  EXPECT_TRUE(TakeWarnings().empty());
+  EXPECT_TRUE(at::equal(dout.read(x), -x));
 }
 
 void* Identity(void*, const void* p) { return const_cast<void*>(p); }

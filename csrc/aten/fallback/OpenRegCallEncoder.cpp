@@ -304,6 +304,7 @@ bool encode_call(const CallToEncode& c, std::vector<uint8_t>& out) {
   h.magic = call::kMagic;
   h.version = call::kVersion;
   h.mode = c.mode;
+  h.flags = c.forward_warnings ? call::kForwardWarnings : 0;
   h.threads = c.threads;
   h.name_len = static_cast<uint16_t>(name.size());
   h.overload_len = static_cast<uint16_t>(overload.size());
@@ -311,10 +312,16 @@ bool encode_call(const CallToEncode& c, std::vector<uint8_t>& out) {
   h.n_tensors = enc.n_tensors();
   h.n_args = static_cast<uint16_t>(c.args.size());
   h.n_results = static_cast<uint16_t>(results.size());
+  h.n_known_warnings =
+      static_cast<uint16_t>(c.forward_warnings ? c.known_warnings.size() : 0);
   call::Writer w(out);
   w.put(h);
   w.put_bytes(name.data(), name.size());
   w.put_bytes(overload.data(), overload.size());
+  for (size_t i = 0; i < h.n_known_warnings; ++i) {
+    const std::string& msg = c.known_warnings[i].msg();
+    w.put(call::warning_hash(msg.data(), msg.size()));
+  }
   w.put_bytes(tables.data(), tables.size());
   w.put_bytes(body.data(), body.size());
   return out.size() <= OR_MAX_KERNEL_PARAMS;

@@ -6,6 +6,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <utility>
@@ -32,6 +33,10 @@ struct CallToEncode {
   c10::ArrayRef<at::Tensor> results;
   c10::ArrayRef<std::pair<size_t, int>> result_slots;
   int threads = 0;  // the most threads the kernel may use
+  // The kernel's warnings go to the host (call::kForwardWarnings), but for
+  // these, which the host raised at the call.
+  bool forward_warnings = false;
+  c10::ArrayRef<c10::Warning> known_warnings;
 };
 
 // Writes the call to `out` (cleared first). Returns false, leaving `out` in

@@ -26,7 +26,6 @@
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegLaunchStats.h"
 #include "core/OpenRegNamedKernels.h"
-#include "kernels/OpenRegBoxedCall.h"
 #include "memory/OpenRegAllocator.h"
 #include "random/OpenRegGenerator.h"
 
@@ -100,8 +99,9 @@ struct QueuedCall {
   c10::SmallVector<std::pair<size_t, int>, 2> result_slots;
   // Random ops: the argument whose generator the kernel makes from a draw.
   c10::SmallVector<std::pair<size_t, RandomDraw>, 1> draws;
-  // The call as bytes (serialized_calls()): then `args` and `results` are
-  // empty (the bytes hold them).
+  // The call as bytes (serialized_calls()), the named kernel's parameters:
+  // then `args` and `results` are empty (the bytes hold them) and the call
+  // comes back to the pool once launched (the launch copies the bytes).
   bool serialized = false;
   std::vector<uint8_t> bytes;
 
@@ -129,21 +129,11 @@ struct ReturnToPool {
 };
 using PooledCall = std::unique_ptr<QueuedCall, ReturnToPool>;
 
-void* translate_here(void* /*state*/, const void* device_address) {
-  void* kernel = nullptr;
-  return orGetKernelPointer(&kernel, device_address) == orSuccess ? kernel
-                                                                  : nullptr;
-}
-
-// The kernel of a queued call, on the stream's worker.
+// The kernel of a call the format cannot carry (captured), on the stream's
+// worker.
 void run_queued_kernel(QueuedCall& call) {
   DropRaisedWarnings drop(call.plan->warnings);
   const c10::WarningUtils::WarningHandlerGuard guard(&drop);
-  if (call.serialized) {
-    run_boxed_call(call.bytes.data(), call.bytes.size(),
-                   Translate{&translate_here, nullptr});
-    return;
-  }
   for (const auto& [i, draw] : call.draws) {
     call.args.args[i] = kernel_generator(draw);
   }
@@ -260,6 +250,8 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
     c.results = new_results;
     c.result_slots = call->result_slots;
     c.threads = kernel_thread_cap(plan->elements);
+    c.forward_warnings = host_kernels;  // the kernel runs in this process
+    c.known_warnings = plan->warnings;
     call->serialized = encode_call(c, call->bytes);
   }
   if (!call->serialized) {
@@ -278,15 +270,18 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
       call->args.args[i] = c10::IValue();
     }
   }
-  if (host_kernels) {
-    launch_async(
-        device.index(), traits.display_name,
-        [call = std::move(call)] { run_queued_kernel(*call); }, plan->elements);
-  } else {
-    // The device runs the bytes itself (kernels/OpenRegKernelLibrary.cpp).
+  if (call->serialized) {
+    // The device runs the bytes (kernels/OpenRegKernelLibrary.cpp), with
+    // either driver.
     launch_function(device.index(), traits.display_name,
                     named_kernel(NamedKernel::kBoxedCall), call->bytes.data(),
                     call->bytes.size(), plan->elements);
+  } else {
+    // What the format cannot carry runs from the captured arguments, in
+    // this process (the thread driver only, checked above).
+    launch_async(
+        device.index(), traits.display_name,
+        [call = std::move(call)] { run_queued_kernel(*call); }, plan->elements);
   }
   torch::jit::drop(*stack, num_args);
   for (c10::IValue& r : results) {
