@@ -93,47 +93,22 @@ at::Tensor OpenRegNativeFunctions::convolution_overrideable(
     std::vector<int64_t> p(padding.begin(), padding.end());
     std::vector<int64_t> d(dilation.begin(), dilation.end());
     std::vector<int64_t> op(output_padding.begin(), output_padding.end());
-    if (!host_kernels_supported()) {
-      // A device that runs named kernels only: the CPU's convolution from
-      // bytes.
-      static const c10::OperatorHandle conv_op =
-          c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution",
-                                                         "");
-      if (launch_boxed_call(
-              device.index(), "aten::convolution_overrideable", conv_op,
-              {input, weight, has_bias ? c10::IValue(*bias) : c10::IValue(), s,
-               p, d, transposed, op, groups},
-              {out}, -1)) {
-        return out;
-      }
+    // The CPU's convolution, from bytes, with either driver. It writes a
+    // temporary and copies it into `out`: no CPU convolution writes into a
+    // tensor it is given (convolution.out, _convolution.out and
+    // mkldnn_convolution.out compute into a temporary and copy too), and
+    // _slow_conv2d_forward.output, the only one that writes in place, is the
+    // slow im2col path.
+    static const c10::OperatorHandle conv_op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
+    if (launch_boxed_call(
+            device.index(), "aten::convolution_overrideable", conv_op,
+            {input, weight, has_bias ? c10::IValue(*bias) : c10::IValue(), s, p,
+             d, transposed, op, groups},
+            {out}, -1)) {
+      return out;
     }
-    std::optional<at::Tensor> b;
-    if (has_bias) {
-      b = borrowed_alias(*bias);
-    }
-    launch_async(
-        device.index(), "aten::convolution_overrideable",
-        [in = borrowed_alias(input), w = borrowed_alias(weight), b,
-         res = borrowed_alias(out), s, p, d, transposed, op, groups]() {
-          at::AutoDispatchBelowADInplaceOrView below_autograd;
-          KernelViews views;
-          std::optional<at::Tensor> bv;
-          if (b.has_value()) {
-            bv = views.view(*b);
-          }
-          // The CPU result is copied into the device result. No CPU
-          // convolution writes into a tensor it is given: convolution.out,
-          // _convolution.out and mkldnn_convolution.out compute into a
-          // temporary and copy too (CompositeExplicitAutograd), and
-          // _slow_conv2d_forward.output, the only one that writes in place,
-          // is the slow im2col path. The temporary comes from the kernel
-          // workspace cache (memory/OpenRegKernelScratch.h), so the copy
-          // costs no page faults.
-          at::Tensor r = at::convolution(views.view(in), views.view(w), bv, s,
-                                         p, d, transposed, op, groups);
-          views.view(res).copy_(r);
-        });
-    return out;
+    // A call the format cannot carry runs now, below.
   }
   at::Tensor out;
   run_sync(device.index(), [&] {
@@ -181,49 +156,40 @@ OpenRegNativeFunctions::convolution_backward_overrideable(
           : at::Tensor();
   at::Tensor gb =
       output_mask[2] ? at::empty(bias_sizes, weight.options()) : at::Tensor();
-  auto borrow = [](const at::Tensor& t) {
-    return t.defined() ? borrowed_alias(t) : t;
-  };
   std::vector<int64_t> s(stride.begin(), stride.end());
   std::vector<int64_t> p(padding.begin(), padding.end());
   std::vector<int64_t> d(dilation.begin(), dilation.end());
   std::vector<int64_t> op(output_padding.begin(), output_padding.end());
-  if (!host_kernels_supported()) {
-    static const c10::OperatorHandle backward_op =
-        c10::Dispatcher::singleton().findSchemaOrThrow(
-            "aten::convolution_backward", "");
-    const std::array<at::Tensor, 3> grads{gi, gw, gb};
-    if (launch_boxed_call(
-            device.index(), "aten::convolution_backward_overrideable",
-            backward_op,
-            {grad_output, input, weight,
-             output_mask[2] ? c10::IValue(bias_sizes) : c10::IValue(), s, p, d,
-             transposed, op, groups,
-             c10::List<bool>({output_mask[0], output_mask[1], output_mask[2]})},
-            grads, -1)) {
-      return {gi, gw, gb};
-    }
+  static const c10::OperatorHandle backward_op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(
+          "aten::convolution_backward", "");
+  const std::array<at::Tensor, 3> grads{gi, gw, gb};
+  if (launch_boxed_call(
+          device.index(), "aten::convolution_backward_overrideable",
+          backward_op,
+          {grad_output, input, weight,
+           output_mask[2] ? c10::IValue(bias_sizes) : c10::IValue(), s, p, d,
+           transposed, op, groups,
+           c10::List<bool>({output_mask[0], output_mask[1], output_mask[2]})},
+          grads, -1)) {
+    return {gi, gw, gb};
   }
-  launch_async(
-      device.index(), "aten::convolution_backward_overrideable",
-      [go = borrowed_alias(grad_output), in = borrowed_alias(input),
-       w = borrowed_alias(weight), ogi = borrow(gi), ogw = borrow(gw),
-       ogb = borrow(gb), bias_sizes, s, p, d, transposed, op, groups,
-       output_mask]() {
-        at::AutoDispatchBelowADInplaceOrView below_autograd;
-        KernelViews views;
-        auto [rgi, rgw, rgb] = at::convolution_backward(
-            views.view(go), views.view(in), views.view(w),
-            output_mask[2] ? std::optional<c10::IntArrayRef>(bias_sizes)
-                           : std::nullopt,
-            s, p, d, transposed, op, groups, output_mask);
-        for (auto [out, r] : {std::pair{&ogi, &rgi}, std::pair{&ogw, &rgw},
-                              std::pair{&ogb, &rgb}}) {
-          if (out->defined()) {
-            views.view(*out).copy_(*r);
-          }
-        }
-      });
+  // A call the format cannot carry runs now.
+  run_sync(device.index(), [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    KernelViews views;
+    auto [rgi, rgw, rgb] = at::convolution_backward(
+        views.view(grad_output), views.view(input), views.view(weight),
+        output_mask[2] ? std::optional<c10::IntArrayRef>(bias_sizes)
+                       : std::nullopt,
+        s, p, d, transposed, op, groups, output_mask);
+    for (auto [out, r] :
+         {std::pair{&gi, &rgi}, std::pair{&gw, &rgw}, std::pair{&gb, &rgb}}) {
+      if (out->defined()) {
+        views.view(*out).copy_(*r);
+      }
+    }
+  });
   return {gi, gw, gb};
 }
 

@@ -26,6 +26,7 @@ enum class NamedKernel {
   kCompiledKernel,   // openreg_compiled_kernel: a torch.compile kernel
   kScaledAbs,        // openreg_scaled_abs: kernels::ScaledAbsParams
   kWarn,  // openreg_fault_warn: gives its bytes as a device warning (faults)
+  kReleaseWorkspace,  // openreg_release_workspace: frees the cached blocks
 };
 
 // The function of `kernel`, loading the library on first use. Throws with

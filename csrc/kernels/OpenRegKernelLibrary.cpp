@@ -27,6 +27,7 @@
 #include "kernels/OpenRegCompiledKernelFormat.h"
 #include "kernels/OpenRegCustomOpKernels.h"
 #include "kernels/OpenRegDropout.h"
+#include "kernels/OpenRegWorkspace.h"
 
 namespace {
 
@@ -215,6 +216,7 @@ extern "C" __attribute__((visibility("default"))) int openreg_boxed_call(
   }
   return run_reporting(ctx, op, [&] {
     const KernelThreads threads(call_threads(params, bytes));
+    const openreg::kernels::WorkspaceScope workspace;
     openreg::WarningSink warnings;
     if (ctx->version >= 3) {
       warnings = {&warn, ctx};
@@ -372,6 +374,14 @@ extern "C" __attribute__((visibility("default"))) int openreg_fault_fail(
   const std::string message(static_cast<const char*>(params), bytes);
   ctx->report_error(ctx, message.c_str());
   return 1;
+}
+
+// torch.openreg.empty_cache: frees the blocks the workspace keeps
+// (kernels/OpenRegWorkspace.h). No parameters.
+extern "C" __attribute__((visibility("default"))) int openreg_release_workspace(
+    const void* /*params*/, size_t /*bytes*/, orKernelContext* /*ctx*/) {
+  openreg::kernels::release_workspace();
+  return 0;
 }
 
 // faults.warn_on_device: gives its bytes as a warning of the device.

@@ -18,6 +18,7 @@
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
+#include "core/OpenRegNamedKernels.h"
 #include "core/OpenRegStream.h"
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegDeviceCache.h"
@@ -126,8 +127,13 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
     }
     for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
       cache(d).empty_cache();
+      // The kernel library's workspace (kernels/OpenRegWorkspace.h), freed
+      // in stream order on the device; a lost device has none left to free.
+      (void)orLaunchFunction(getCurrentStream(d).native(),
+                             named_kernel(NamedKernel::kReleaseWorkspace),
+                             nullptr, 0, nullptr);
     }
-    release_kernel_scratch();  // the device kernels' host workspace
+    release_kernel_scratch();  // the host's, for the kernels it waits for
   }
 
   // [doc:allocator-record-stream]

@@ -5,7 +5,6 @@
 #include "memory/OpenRegKernelScratch.h"
 
 #include <c10/core/CPUAllocator.h>
-#include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 #include <c10/util/flat_hash_map.h>
 #include <openreg.h>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "core/OpenRegException.h"
+#include "kernels/OpenRegBlockCache.h"
 #include "memory/OpenRegAllocator.h"
 
 namespace openreg {
@@ -29,10 +29,7 @@ thread_local bool t_scratch = false;
 thread_local std::optional<c10::Stream> t_device_stream;
 thread_local size_t t_spill_limit = 0;
 
-// Smaller temporaries are cheap for the C library (no mmap).
-constexpr size_t kMinBytes = size_t{64} << 10;
-// What the cache may keep beyond the blocks in use.
-constexpr size_t kMaxCachedBytes = size_t{256} << 20;
+constexpr size_t kMinBytes = BlockCache::kMinBytes;
 
 // [doc:kernel-scratch]
 class ScratchAllocator final : public c10::Allocator {
@@ -55,7 +52,7 @@ class ScratchAllocator final : public c10::Allocator {
     if (!t_scratch || nbytes < kMinBytes) {
       return fallback_->allocate(nbytes);
     }
-    void* p = take(nbytes);
+    void* p = blocks_.take(nbytes);
     // Data and context are the same address, as raw_allocate requires
     // (oneDNN takes its scratchpad through raw_allocate).
     return {p, p, &free_block, c10::Device(c10::DeviceType::CPU)};
@@ -68,25 +65,9 @@ class ScratchAllocator final : public c10::Allocator {
     std::memcpy(dest, src, count);
   }
 
-  void release() noexcept {
-    std::vector<void*> blocks;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& [size, list] : free_) {
-        blocks.insert(blocks.end(), list.begin(), list.end());
-      }
-      free_.clear();
-      cached_ = 0;
-    }
-    for (void* p : blocks) {
-      c10::free_cpu(p);
-    }
-  }
+  void release() noexcept { blocks_.release(); }
 
-  size_t cached_bytes() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return cached_;
-  }
+  size_t cached_bytes() { return blocks_.cached_bytes(); }
 
   // The device memory behind kernel address p, handed to the caller.
   c10::DataPtr take_device(const void* p) {
@@ -99,31 +80,19 @@ class ScratchAllocator final : public c10::Allocator {
     return std::move(it->second);
   }
 
-  // A forked child inherits the mutex as it was: the fork holds it.
-  void lock_for_fork() { mutex_.lock(); }
-  void unlock_after_fork() { mutex_.unlock(); }
+  // A forked child inherits the mutexes as they were: the fork holds them.
+  void lock_for_fork() {
+    mutex_.lock();
+    blocks_.lock_for_fork();
+  }
+  void unlock_after_fork() {
+    blocks_.unlock_after_fork();
+    mutex_.unlock();
+  }
 
   static ScratchAllocator* instance;
 
  private:
-  void* take(size_t nbytes) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = free_.find(nbytes);
-      if (it != free_.end() && !it->second.empty()) {
-        void* p = it->second.back();
-        it->second.pop_back();
-        cached_ -= nbytes;
-        live_.emplace(p, nbytes);
-        return p;
-      }
-    }
-    void* p = c10::alloc_cpu(nbytes);  // raises on out of memory
-    std::lock_guard<std::mutex> lock(mutex_);
-    live_.emplace(p, nbytes);
-    return p;
-  }
-
   // Device memory for a kernel's allocation, at its kernel address (data
   // and context alike, as raw_allocate requires); empty if the device cannot
   // hold it.
@@ -150,20 +119,8 @@ class ScratchAllocator final : public c10::Allocator {
       lock.unlock();
       return true;  // `memory` returns to the caching allocator, if still ours
     }
-    auto it = live_.find(p);
-    if (it == live_.end()) {
-      return false;
-    }
-    const size_t nbytes = it->second;
-    live_.erase(it);
-    if (cached_ + nbytes <= kMaxCachedBytes) {
-      free_[nbytes].push_back(p);
-      cached_ += nbytes;
-      return true;
-    }
     lock.unlock();
-    c10::free_cpu(p);
-    return true;
+    return blocks_.give(p);
   }
 
   static void free_block(void* p) {
@@ -180,12 +137,10 @@ class ScratchAllocator final : public c10::Allocator {
   }
 
   c10::Allocator* fallback_;
-  std::mutex mutex_;                        // guards the members below
-  ska::flat_hash_map<void*, size_t> live_;  // blocks in use, by address
-  ska::flat_hash_map<size_t, std::vector<void*>> free_;  // reusable, by size
+  BlockCache blocks_;  // host blocks of KernelScratchScope
+  std::mutex mutex_;   // guards device_
   // Device memory given to kernels, by kernel address (empty once taken).
   ska::flat_hash_map<void*, c10::DataPtr> device_;
-  size_t cached_ = 0;  // bytes in free_
 };
 // [/doc:kernel-scratch]
 
@@ -208,9 +163,12 @@ const bool g_installed = [] {
 
 }  // namespace
 
+// The checks below ask whether this allocator was installed, not whether it
+// is the current one: the kernel library's workspace
+// (kernels/OpenRegWorkspace.h) installs itself in front of it when the thread
+// driver loads the library, and passes it what it does not serve.
 KernelScratchScope::KernelScratchScope() : previous_(t_scratch) {
-  t_scratch =
-      g_installed && c10::GetCPUAllocator() == ScratchAllocator::instance;
+  t_scratch = g_installed;
 }
 
 KernelScratchScope::~KernelScratchScope() { t_scratch = previous_; }
@@ -219,7 +177,7 @@ KernelMemoryOnDevice::KernelMemoryOnDevice(c10::Stream stream,
                                            size_t spill_limit)
     : previous_stream_(t_device_stream), previous_limit_(t_spill_limit) {
   TORCH_INTERNAL_ASSERT(stream.device_type() == c10::DeviceType::PrivateUse1);
-  if (g_installed && c10::GetCPUAllocator() == ScratchAllocator::instance) {
+  if (g_installed) {
     t_device_stream = stream;
     t_spill_limit = spill_limit * kSpillFactor;
   }
