@@ -150,6 +150,36 @@ def test_launch_blocking_gives_the_same_results(py, blocking):
     assert dev.stdout == cpu.stdout
 
 
+@pytest.mark.parametrize("blocking", ["0", "1"])
+def test_a_kernel_failure_says_where_it_is_raised(py, blocking):
+    # Queued, the failure comes at the next synchronization and the message
+    # says how to get it at the launch; with OPENREG_LAUNCH_BLOCKING=1 it
+    # comes at the launch of the failing kernel, and says so.
+    out = py(
+        """
+        import torch
+        a = torch.ones(64, 64, device="openreg")
+        b = torch.empty(64, 64, device="openreg")
+        with torch.openreg.faults.fail_kernel("aten::copy_"):
+            try:
+                b.copy_(a)  # a named kernel with both drivers
+                print("launched")
+                torch.openreg.synchronize()
+            except torch.AcceleratorError as e:
+                print(str(e).replace("\\n", " "))
+        """,
+        OPENREG_LAUNCH_BLOCKING=blocking,
+    )
+    assert out.returncode == 0, describe(out)
+    assert "failed on the device" in out.stdout, out.stdout
+    if blocking == "1":
+        assert "launched" not in out.stdout
+        assert "OPENREG_LAUNCH_BLOCKING=1: the failure is raised at the launch" in out.stdout
+    else:
+        assert out.stdout.startswith("launched")
+        assert "Set OPENREG_LAUNCH_BLOCKING=1 to raise it at the launch" in out.stdout
+
+
 @pytest.mark.skipif(
     os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1", reason="launches wait in blocking mode"
 )

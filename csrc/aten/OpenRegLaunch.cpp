@@ -271,14 +271,6 @@ void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
 
 int kernel_thread_cap(int64_t elements) { return thread_cap(elements); }
 
-bool launch_blocking() {
-  static const bool blocking = [] {
-    const char* env = std::getenv("OPENREG_LAUNCH_BLOCKING");
-    return env != nullptr && std::strcmp(env, "1") == 0;
-  }();
-  return blocking;
-}
-
 // [doc:launch-async]
 void launch_async(c10::DeviceIndex device, const std::string& op,
                   KernelBody kernel, int64_t elements) {

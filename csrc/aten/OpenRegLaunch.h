@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/OpenRegFunctions.h"  // launch_blocking
 #include "core/OpenRegKernelBody.h"
 
 namespace openreg {
@@ -80,8 +81,5 @@ bool launch_boxed_call(c10::DeviceIndex device, const std::string& op_name,
 // The most threads a kernel whose largest tensor argument has `elements`
 // elements (-1: unknown) may use (see "worker-threads" in OpenRegLaunch.cpp).
 int kernel_thread_cap(int64_t elements);
-
-// True when OPENREG_LAUNCH_BLOCKING=1.
-bool launch_blocking();
 
 }  // namespace openreg

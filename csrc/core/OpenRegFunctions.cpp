@@ -3,6 +3,8 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "core/OpenRegException.h"
@@ -141,6 +143,14 @@ void warn_or_error_on_sync(const char* what) {
   if (mode == 1) {
     TORCH_WARN("called a synchronizing openreg operation (", what, ")");
   }
+}
+
+bool launch_blocking() {
+  static const bool blocking = [] {
+    const char* env = std::getenv("OPENREG_LAUNCH_BLOCKING");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }();
+  return blocking;
 }
 
 }  // namespace openreg

@@ -58,6 +58,10 @@ int get_sync_debug_mode() noexcept;
 // GPU would too (`what` names it): warns or raises per the mode.
 void warn_or_error_on_sync(const char* what);
 
+// True when OPENREG_LAUNCH_BLOCKING=1: every kernel has run when its launch
+// returns, and a failure is raised at the launch.
+bool launch_blocking();
+
 // Makes `device` current for the lifetime of the object (raw runtime calls,
 // for code below the c10 guard).
 class ScopedDevice {

@@ -119,12 +119,16 @@ void raise_deferred(orError_t err, orStream_t stream, c10::DeviceIndex device) {
   // As CUDA reports a kernel's failure (torch.AcceleratorError).
   faults::surfaced(device, stream != nullptr ? "a stream synchronization"
                                              : "a device synchronization");
+  const char* hint =
+      launch_blocking()
+          ? "\n(OPENREG_LAUNCH_BLOCKING=1: the failure is raised at the "
+            "launch of the kernel that failed.)"
+          : "\n(Kernels run asynchronously: the failure is reported at the "
+            "next synchronization. Set OPENREG_LAUNCH_BLOCKING=1 to raise it "
+            "at the launch.)";
   throw c10::AcceleratorError(
       {__func__, __FILE__, __LINE__}, orErrorLaunchFailure,
-      (msg.empty() ? std::string("an openreg kernel failed") : msg) +
-          "\n(Kernels run asynchronously: the failure is reported at the "
-          "next synchronization. Set OPENREG_LAUNCH_BLOCKING=1 to raise it "
-          "at the launch.)");
+      (msg.empty() ? std::string("an openreg kernel failed") : msg) + hint);
 }
 
 }  // namespace
