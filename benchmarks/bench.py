@@ -27,6 +27,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -309,23 +310,53 @@ def run_fresh(name: str, device: str, quick: bool, driver: str = "thread") -> di
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def spin_code(parent: int) -> str:
+    """Python source of a spinner: burns a core until `parent` is no longer its parent.
+
+    A spinner that outlives bench.py (killed with SIGKILL, say, where no finally
+    runs) would slow every later timing on the machine, so each one checks
+    about every millisecond whether it was reparented and then exits.
+    """
+    return f"import os\nwhile os.getppid() == {parent}:\n    for _ in range(100_000): pass\n"
+
+
 class Spinners:
-    """Processes that keep every core busy while the busy table is measured."""
+    """Processes that keep every core busy while the busy table is measured.
+
+    __exit__ kills them (on an exception, Ctrl-C or SIGTERM too: see
+    raise_on_sigterm); they also exit by themselves if this process dies.
+    """
 
     def __init__(self, count: int):
         self.count = count
         self.procs: list[subprocess.Popen] = []
 
     def __enter__(self):
-        spin = "while True: pass"
-        self.procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(self.count)]
-        time.sleep(0.5)
+        spin = spin_code(os.getpid())
+        try:
+            for _ in range(self.count):
+                self.procs.append(subprocess.Popen([sys.executable, "-c", spin]))
+            time.sleep(0.5)
+        except BaseException:  # __exit__ does not run when __enter__ raises
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc):
         for p in self.procs:
             p.kill()
+        for p in self.procs:
             p.wait()
+        self.procs = []
+
+
+def raise_on_sigterm() -> None:
+    """Makes SIGTERM raise SystemExit, so that `with` blocks (the spinners) clean up."""
+
+    def handler(signum, frame):
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def fmt_time(s: float) -> str:
@@ -538,6 +569,7 @@ def main() -> int:
         print(json.dumps(measure(args.measure, args.device, args.quick)))
         return 0
 
+    raise_on_sigterm()
     rounds = args.rounds or (1 if args.quick else 5)
     t_start = time.perf_counter()
     busy = other_cpu_use()
