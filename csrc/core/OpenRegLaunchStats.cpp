@@ -15,6 +15,7 @@ struct ByOp {
   std::map<std::string, int64_t> learned;
   std::map<std::string, int64_t> captured;
   std::map<std::string, int64_t> staged;
+  std::map<std::string, int64_t> described;
 };
 
 ByOp& by_op() {
@@ -35,7 +36,9 @@ void count_op(Counter counter, const char* op) {
   std::map<std::string, int64_t>& map = counter == kLearned    ? maps.learned
                                         : counter == kCaptured ? maps.captured
                                         : counter == kStaged   ? maps.staged
-                                                             : maps.synchronous;
+                                        : counter == kDescribed
+                                            ? maps.described
+                                            : maps.synchronous;
   ++map[op];
 }
 
@@ -50,6 +53,7 @@ Snapshot snapshot() {
   s.learned_by_op = maps.learned;
   s.captured_by_op = maps.captured;
   s.staged_by_op = maps.staged;
+  s.described_by_op = maps.described;
   return s;
 }
 
@@ -63,6 +67,7 @@ void reset() {
   maps.learned.clear();
   maps.captured.clear();
   maps.staged.clear();
+  maps.described.clear();
 }
 
 }  // namespace openreg::stats

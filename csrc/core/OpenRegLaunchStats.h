@@ -20,12 +20,13 @@ enum Counter : int {
   kHostWaits = 4,    // host waits for a stream, device or event
   kCaptured = 5,     // queued calls captured as host objects, not as bytes
   kStaged = 6,       // host kernels run staged (a driver of named kernels)
-  kCounterCount = 7,
+  kDescribed = 7,    // synchronous calls the device ran and described
+  kCounterCount = 8,
 };
 
 void count(Counter counter);
-// count() plus the operator's name, for kSynchronous, kLearned, kCaptured
-// and kStaged.
+// count() plus the operator's name, for kSynchronous, kLearned, kCaptured,
+// kStaged and kDescribed.
 void count_op(Counter counter, const char* op);
 
 struct Snapshot {
@@ -34,6 +35,7 @@ struct Snapshot {
   std::map<std::string, int64_t> learned_by_op;
   std::map<std::string, int64_t> captured_by_op;
   std::map<std::string, int64_t> staged_by_op;
+  std::map<std::string, int64_t> described_by_op;
 };
 Snapshot snapshot();
 void reset();

@@ -27,6 +27,8 @@ enum class NamedKernel {
   kScaledAbs,        // openreg_scaled_abs: kernels::ScaledAbsParams
   kWarn,  // openreg_fault_warn: gives its bytes as a device warning (faults)
   kReleaseWorkspace,  // openreg_release_workspace: frees the cached blocks
+  kDescribeCall,      // openreg_describe_call: runs a call, answers its results
+  kTakeResults,       // openreg_take_results: a described call's new memory
 };
 
 // The function of `kernel`, loading the library on first use. Throws with

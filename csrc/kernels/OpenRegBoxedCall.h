@@ -9,8 +9,12 @@
 // kernels/OpenRegKernelLibrary.cpp).
 #pragma once
 
+#include <c10/core/Storage.h>
+
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace openreg {
 
@@ -34,6 +38,20 @@ struct WarningSink {
 // calling thread's warning handler.
 void run_boxed_call(const void* bytes, size_t size, Translate translate,
                     WarningSink warnings = {});
+
+// Runs the described call in `bytes` (call::Mode::kDescribe) and writes its
+// answer (call::AnswerHeader and what follows) to `answer`, `capacity`
+// bytes. When `out_name` is not empty, also runs that out= variant on new
+// outputs like the results and answers whether it wrote the same bytes in
+// place (the host then queues later calls through it). Returns the memory
+// of the answer's new storages, in order, which the caller keeps until the
+// host says where they go (openreg_take_results). A failure of the CPU
+// kernel is answered, not thrown; a malformed call throws.
+std::vector<c10::Storage> describe_boxed_call(const void* bytes, size_t size,
+                                              Translate translate,
+                                              const std::string& out_name,
+                                              const std::string& out_overload,
+                                              uint8_t* answer, size_t capacity);
 
 // The operator the call in `bytes` names, as "aten::add.out" ("" if the
 // bytes are too short to say): how a failure on the device names its op.

@@ -47,7 +47,7 @@
 namespace openreg::call {
 
 constexpr uint32_t kMagic = 0x3143524f;  // "ORC1"
-constexpr uint16_t kVersion = 2;
+constexpr uint16_t kVersion = 3;
 
 // The hash that names a known warning: FNV-1a of its message.
 inline uint64_t warning_hash(const char* text, size_t n) {
@@ -60,7 +60,33 @@ inline uint64_t warning_hash(const char* text, size_t n) {
 
 enum CallFlags : uint8_t {
   kForwardWarnings = 1,  // the kernel's warnings go to the host (see above)
+  // The device applies the host's settings (CallHeader::settings) before
+  // the call: set when the kernel runs in a process of its own, whose
+  // process-wide settings are not the user's.
+  kApplySettings = 2,
 };
+
+// CallHeader::settings: the host's process-wide settings a CPU kernel reads
+// (the launch plan's key has them too, aten/fallback/OpenRegLaunchPlan.cpp,
+// host_settings): the default dtype in bits 0-7 (a c10::ScalarType), these
+// flags, and the float32 matmul precision (0 highest, 1 high, 2 medium)
+// from kMatmulPrecisionShift.
+namespace settings {
+enum Bit : int {
+  kDeterministic = 8,
+  kDeterministicWarnOnly,
+  kFillUninitializedMemory,
+  kWarnAlways,
+  kGradMode,
+  kInferenceMode,
+  kCheckSparseInvariants,
+  kMkldnn,
+  kDeterministicMkldnn,
+  kNnpack,
+  kFp16ReductionCpu,
+  kMatmulPrecisionShift,
+};
+}  // namespace settings
 
 enum class Mode : uint8_t {
   // Run the operator; copy each result named in the results section into
@@ -70,6 +96,11 @@ enum class Mode : uint8_t {
   // Run the operator (an out= variant) with the result tensors appended to
   // its arguments: it writes them in place.
   kIntoResults = 1,
+  // Run the operator whose results the host does not know yet (the first
+  // run of a signature, an operator whose results depend on the data) and
+  // answer what it did (the "describe" section below). Only through the
+  // kernel openreg_describe_call, whose parameters add where the answer goes.
+  kDescribe = 2,
 };
 
 struct CallHeader {
@@ -86,6 +117,7 @@ struct CallHeader {
   uint16_t n_results;
   uint16_t n_known_warnings;
   uint16_t reserved;
+  uint64_t settings;  // with kApplySettings: the host's (namespace settings)
 };
 
 struct StorageRecord {
@@ -139,6 +171,104 @@ struct ResultRecord {
   uint16_t tensor;  // index into tensors
 };
 
+// ---------------------------------------------------------------------------
+// Described calls (Mode::kDescribe). The host does not know the call's
+// results, so the device runs it and answers: the parameters of
+// openreg_describe_call are a DescribeParams, the out= variant's name and
+// overload (empty: no check), then the serialized call. The device writes
+// its answer to `answer` (pinned host memory, which both sides reach) and
+// keeps the memory of the new results until openreg_take_results copies
+// them into the device blocks the host allocated from the answer's sizes
+// (or drops them: no addresses). `token` names the kept results between
+// the two kernels.
+//
+// The answer, in order:
+//   AnswerHeader
+//   warnings    n_warnings x (uint8 deprecation, uint8 verbatim, uint32
+//               line, then file, function and message, each uint32 n and n
+//               bytes): what the kernel warned, where in its source
+//   error       (kFailed, kUnsupported) uint8 ErrorKind, uint32 n, n bytes
+//   new storages  n_new_storages x uint64 byte size
+//   replaced    n_replaced x (uint16 call storage, uint16 new storage): a
+//               device storage of the call the kernel reallocated (resize_
+//               of an out= argument); its tensors keep naming it
+//   written     n_written x (uint16 tensor, TensorAnswer): every written
+//               tensor (kWritten) after the kernel
+//   returns     n_returns values: kNone, kTensor + TensorAnswer, kInt,
+//               kDouble, kBool, kComplex, kTensorList (uint32 n, n
+//               TensorAnswer) as in the arguments
+// ---------------------------------------------------------------------------
+
+constexpr uint32_t kAnswerMagic = 0x3141524f;  // "ORA1"
+
+struct DescribeParams {
+  uint64_t answer;    // pinned host address of the answer
+  uint64_t capacity;  // its bytes
+  uint64_t token;     // names the kept results
+  uint16_t out_name_len;
+  uint16_t out_overload_len;
+  uint32_t call_bytes;
+};
+
+// openreg_take_results: a TakeResultsParams, then n uint64 device addresses
+// (one per new storage of the answer, in order; 0 for an empty one).
+struct TakeResultsParams {
+  uint64_t token;
+  uint64_t n;  // 0: drop the kept results
+};
+
+enum class AnswerStatus : uint8_t {
+  kDone = 0,
+  kFailed = 1,       // the CPU kernel threw: the error section says what
+  kUnsupported = 2,  // a result the answer cannot carry (the error says)
+  kTooLarge = 3,     // the answer needs AnswerHeader::size bytes
+  // The device has no such operator (one registered in the host's process
+  // only, such as a CPU kernel written in Python): nothing ran.
+  kUnknownOperator = 4,
+};
+
+// The c10 error class of a failure, which the host raises again.
+enum class ErrorKind : uint8_t {
+  kError = 0,  // c10::Error (RuntimeError)
+  kIndex,
+  kValue,
+  kType,
+  kNotImplemented,
+  kLinAlg,
+  kOutOfMemory,
+  kEnforceFinite,
+  kOther,  // a std::exception
+};
+
+struct AnswerHeader {
+  uint32_t magic;
+  AnswerStatus status;
+  uint8_t out_variant_matches;  // the out= variant's check passed
+  uint16_t n_warnings;
+  uint32_t size;  // bytes of the whole answer
+  uint16_t n_new_storages;
+  uint16_t n_replaced;
+  uint16_t n_written;
+  uint16_t n_returns;
+};
+
+enum class Where : uint8_t {
+  kUndefined = 0,    // an undefined tensor
+  kCallStorage = 1,  // a view of one of the call's device storages
+  kNewStorage = 2,   // memory the kernel allocated
+};
+
+struct TensorAnswer {
+  Where where;
+  uint8_t dtype;
+  uint8_t flags;  // TensorFlags: kConj, kNeg
+  uint8_t ndim;
+  uint16_t storage;  // index among the call's storages or the new ones
+  uint16_t reserved;
+  int64_t storage_offset;
+  // then ndim sizes, ndim strides (int64)
+};
+
 // Appends packed values to a byte buffer.
 class Writer {
  public:
@@ -150,11 +280,10 @@ class Writer {
     put_bytes(&value, sizeof(T));
   }
   void put_bytes(const void* data, size_t n) {
-    const size_t at = out_.size();
-    out_.resize(at + n);
-    if (n > 0) {
-      std::memcpy(out_.data() + at, data, n);
-    }
+    // Appended without zero-filling first (resize would): the encoder
+    // writes every queued call, a few hundred bytes each.
+    const auto* p = static_cast<const uint8_t*>(data);
+    out_.insert(out_.end(), p, p + n);
   }
   size_t size() const { return out_.size(); }
   uint8_t* at(size_t offset) { return out_.data() + offset; }
@@ -188,6 +317,8 @@ class Reader {
     return at;
   }
   bool done() const { return p_ == end_; }
+  const uint8_t* rest() const { return p_; }
+  size_t left() const { return static_cast<size_t>(end_ - p_); }
 
  private:
   const uint8_t* p_;

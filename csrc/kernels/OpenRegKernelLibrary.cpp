@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "kernels/OpenRegBoxedCall.h"
 #include "kernels/OpenRegCallFormat.h"
@@ -224,6 +225,114 @@ extern "C" __attribute__((visibility("default"))) int openreg_boxed_call(
     openreg::run_boxed_call(params, bytes, {&translate, ctx}, warnings);
   });
 }
+
+// [doc:described-call-kernels]
+// A described call (call::Mode::kDescribe, kernels/OpenRegCallFormat.h): the
+// first run of a signature, or a call whose results depend on the data. The
+// CPU kernel runs here as for openreg_boxed_call; the answer goes to pinned
+// host memory, and the new results' memory waits, under the call's token,
+// for openreg_take_results, which copies it into the blocks the host
+// allocated from the answer (or drops it). A failure of the CPU kernel is
+// in the answer, for the host to raise with its own class; only a malformed
+// call fails the launch.
+namespace {
+
+std::mutex& kept_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+std::unordered_map<uint64_t, std::vector<c10::Storage>>& kept_results() {
+  static auto* kept =
+      new std::unordered_map<uint64_t, std::vector<c10::Storage>>();
+  return *kept;
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) int openreg_describe_call(
+    const void* params, size_t bytes, orKernelContext* ctx) {
+  openreg::call::DescribeParams p{};
+  const auto* base = static_cast<const char*>(params);
+  if (bytes < sizeof(p)) {
+    ctx->report_error(ctx, "openreg_describe_call: parameters too short");
+    return 1;
+  }
+  std::memcpy(&p, params, sizeof(p));
+  const size_t names = sizeof(p) + p.out_name_len + p.out_overload_len;
+  if (bytes != names + p.call_bytes) {
+    const std::string message =
+        "openreg_describe_call: " + std::to_string(bytes) +
+        " parameter bytes, the header says " +
+        std::to_string(names + p.call_bytes);
+    ctx->report_error(ctx, message.c_str());
+    return 1;
+  }
+  const char* call = base + names;
+  const std::string op = openreg::boxed_call_name(call, p.call_bytes);
+  if (ctx->version >= 2) {
+    ctx->describe(ctx, op.c_str());
+  }
+  return run_reporting(ctx, op, [&] {
+    const KernelThreads threads(call_threads(call, p.call_bytes));
+    const openreg::kernels::WorkspaceScope workspace;
+    auto* answer = static_cast<uint8_t*>(
+        ctx->translate(ctx, reinterpret_cast<const void*>(p.answer)));
+    TORCH_CHECK(answer != nullptr, "the answer's address 0x", std::hex,
+                p.answer, " is not memory the device reaches");
+    std::vector<c10::Storage> kept = openreg::describe_boxed_call(
+        call, p.call_bytes, {&translate, ctx},
+        std::string(base + sizeof(p), p.out_name_len),
+        std::string(base + sizeof(p) + p.out_name_len, p.out_overload_len),
+        answer, p.capacity);
+    const std::lock_guard<std::mutex> lock(kept_mutex());
+    if (kept.empty()) {
+      kept_results().erase(p.token);
+    } else {
+      kept_results()[p.token] = std::move(kept);
+    }
+  });
+}
+
+extern "C" __attribute__((visibility("default"))) int openreg_take_results(
+    const void* params, size_t bytes, orKernelContext* ctx) {
+  openreg::call::TakeResultsParams p{};
+  if (bytes < sizeof(p)) {
+    ctx->report_error(ctx, "openreg_take_results: parameters too short");
+    return 1;
+  }
+  std::memcpy(&p, params, sizeof(p));
+  if (bytes != sizeof(p) + p.n * sizeof(uint64_t)) {
+    ctx->report_error(ctx, "openreg_take_results: wrong parameter size");
+    return 1;
+  }
+  std::vector<c10::Storage> kept;
+  {
+    const std::lock_guard<std::mutex> lock(kept_mutex());
+    auto it = kept_results().find(p.token);
+    if (it != kept_results().end()) {
+      kept = std::move(it->second);
+      kept_results().erase(it);
+    }
+  }
+  if (p.n == 0) {
+    return 0;  // dropped
+  }
+  return run_reporting(ctx, "openreg_take_results", [&] {
+    TORCH_CHECK(kept.size() == p.n, "the host took ", p.n,
+                " results of a described call that made ", kept.size());
+    const auto* addresses = static_cast<const char*>(params) + sizeof(p);
+    for (size_t j = 0; j < kept.size(); ++j) {
+      uint64_t address = 0;
+      std::memcpy(&address, addresses + j * sizeof(address), sizeof(address));
+      const size_t nbytes = kept[j].nbytes();
+      if (nbytes > 0) {
+        std::memcpy(device_ptr(ctx, address), kept[j].data(), nbytes);
+      }
+    }
+  });
+}
+// [/doc:described-call-kernels]
 
 // openreg's fused dropout (kernels/OpenRegDropout.h), forward and backward:
 // the same functions the thread driver's workers run.

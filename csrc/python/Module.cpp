@@ -364,6 +364,8 @@ PYBIND11_MODULE(_C, m) {
         out["captured_by_op"] = s.captured_by_op;
         out["staged"] = s.counters[stats::kStaged];
         out["staged_by_op"] = s.staged_by_op;
+        out["described"] = s.counters[stats::kDescribed];
+        out["described_by_op"] = s.described_by_op;
         return out;
       },
       "How operators ran since the last reset (core/OpenRegLaunchStats.h).");

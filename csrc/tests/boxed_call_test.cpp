@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -186,6 +187,11 @@ class BoxedCallTest : public ::testing::Test {
 orModule_t BoxedCallTest::module_ = nullptr;
 orFunction_t BoxedCallTest::call_ = nullptr;
 
+// The suite's module, for helpers outside the fixture.
+struct BoxedCallTestAccess : BoxedCallTest {
+  static orModule_t module() { return module_; }
+};
+
 TEST_F(BoxedCallTest, OutVariantWritesDeviceMemory) {
   const at::Tensor x = at::randn({33, 7});
   const at::Tensor y = at::randn({33, 7});
@@ -351,6 +357,128 @@ TEST_F(BoxedCallTest, ForwardedWarningsReachTheHostButForTheKnownOnes) {
   OR_ASSERT_OK(Run(call(false, {})));
   EXPECT_TRUE(TakeWarnings().empty());
   EXPECT_TRUE(at::equal(dout.read(x), -x));
+}
+
+// A described call (Mode::kDescribe) through openreg_describe_call: the
+// device runs it and answers in pinned host memory.
+class DescribedCall {
+ public:
+  DescribedCall() {
+    EXPECT_EQ(orSuccess, orMallocHost(&answer_, kCapacity));
+    EXPECT_EQ(orSuccess, orModuleGetFunction(&describe_, BoxedCallTestModule(),
+                                             "openreg_describe_call"));
+    EXPECT_EQ(orSuccess, orModuleGetFunction(&take_, BoxedCallTestModule(),
+                                             "openreg_take_results"));
+  }
+  ~DescribedCall() { orFreeHost(answer_); }
+  DescribedCall(const DescribedCall&) = delete;
+  DescribedCall& operator=(const DescribedCall&) = delete;
+
+  // Runs `call` and waits; the answer is then at answer().
+  orError_t Run(const std::vector<uint8_t>& call) {
+    openreg::call::DescribeParams p{};
+    p.answer = reinterpret_cast<uint64_t>(answer_);
+    p.capacity = kCapacity;
+    p.token = p.answer;
+    p.call_bytes = static_cast<uint32_t>(call.size());
+    std::vector<uint8_t> params(sizeof(p) + call.size());
+    std::memcpy(params.data(), &p, sizeof(p));
+    std::memcpy(params.data() + sizeof(p), call.data(), call.size());
+    const orError_t err = orLaunchFunction(nullptr, describe_, params.data(),
+                                           params.size(), nullptr);
+    return err != orSuccess ? err : orStreamSynchronize(nullptr);
+  }
+  // The kept results go to `addresses` (none: dropped).
+  orError_t Take(std::vector<uint64_t> addresses) {
+    const openreg::call::TakeResultsParams p{
+        reinterpret_cast<uint64_t>(answer_), addresses.size()};
+    std::vector<uint8_t> params(sizeof(p) + addresses.size() * 8);
+    std::memcpy(params.data(), &p, sizeof(p));
+    std::memcpy(params.data() + sizeof(p), addresses.data(),
+                addresses.size() * 8);
+    const orError_t err =
+        orLaunchFunction(nullptr, take_, params.data(), params.size(), nullptr);
+    return err != orSuccess ? err : orStreamSynchronize(nullptr);
+  }
+  openreg::call::Reader answer() const { return {answer_, kCapacity}; }
+
+ private:
+  static orModule_t BoxedCallTestModule();
+  static constexpr size_t kCapacity = 1 << 16;
+  void* answer_ = nullptr;
+  orFunction_t describe_ = nullptr;
+  orFunction_t take_ = nullptr;
+};
+
+orModule_t DescribedCall::BoxedCallTestModule() {
+  return BoxedCallTestAccess::module();
+}
+
+std::string Text(openreg::call::Reader& r) {
+  const auto n = r.get<uint32_t>();
+  return std::string(reinterpret_cast<const char*>(r.take(n)), n);
+}
+
+TEST_F(BoxedCallTest, DescribedCallAnswersItsResultsAndTheHostTakesThem) {
+  using openreg::call::AnswerHeader;
+  using openreg::call::AnswerStatus;
+  const at::Tensor x = at::tensor({0.f, 3.f, 0.f, 5.f, 1.f});
+  const at::Tensor expected = at::nonzero(x);  // 3x1 int64: data-dependent
+  DeviceBuffer dx(x);
+  DescribedCall described;
+  CallBuilder c;
+  c.arg_tensor(c.tensor(c.storage(dx.ptr, dx.nbytes), x));
+  OR_ASSERT_OK(described.Run(c.build("aten::nonzero", "", Mode::kDescribe)));
+  openreg::call::Reader r = described.answer();
+  const auto h = r.get<AnswerHeader>();
+  ASSERT_EQ(openreg::call::kAnswerMagic, h.magic);
+  ASSERT_EQ(AnswerStatus::kDone, h.status);
+  ASSERT_EQ(0, h.n_warnings);
+  ASSERT_EQ(1, h.n_new_storages);
+  ASSERT_EQ(0, h.n_replaced);
+  ASSERT_EQ(0, h.n_written);
+  ASSERT_EQ(1, h.n_returns);
+  EXPECT_EQ(expected.nbytes(), r.get<uint64_t>());
+  ASSERT_EQ(Tag::kTensor, r.get<Tag>());
+  const auto t = r.get<openreg::call::TensorAnswer>();
+  EXPECT_EQ(openreg::call::Where::kNewStorage, t.where);
+  EXPECT_EQ(0, t.storage);
+  EXPECT_EQ(static_cast<uint8_t>(at::kLong), t.dtype);
+  ASSERT_EQ(2, t.ndim);
+  EXPECT_EQ(3, r.get<int64_t>());
+  EXPECT_EQ(1, r.get<int64_t>());
+  DeviceBuffer dr(expected.nbytes());
+  OR_ASSERT_OK(described.Take({reinterpret_cast<uint64_t>(dr.ptr)}));
+  EXPECT_TRUE(at::equal(dr.read(expected), expected));
+}
+
+TEST_F(BoxedCallTest, DescribedCallAnswersAFailureWithItsClass) {
+  // The CPU kernel's error is the answer, not the launch's: the host raises
+  // it with its class (an IndexError here), and the stream goes on.
+  const at::Tensor x = at::randn({10, 3});
+  DeviceBuffer dx(x);
+  DescribedCall described;
+  CallBuilder c;
+  c.arg_tensor(c.tensor(c.storage(dx.ptr, dx.nbytes), x));
+  c.arg_int(0);
+  c.arg_tensor(
+      c.tensor(openreg::call::kInlineStorage, at::tensor({11}, at::kLong)));
+  OR_ASSERT_OK(
+      described.Run(c.build("aten::index_select", "", Mode::kDescribe)));
+  openreg::call::Reader r = described.answer();
+  const auto h = r.get<openreg::call::AnswerHeader>();
+  ASSERT_EQ(openreg::call::AnswerStatus::kFailed, h.status);
+  EXPECT_EQ(openreg::call::ErrorKind::kIndex,
+            r.get<openreg::call::ErrorKind>());
+  const std::string what = Text(r);
+  EXPECT_NE(what.find("out of range"), std::string::npos) << what;
+  // An operator the device does not have: nothing runs, the answer says so.
+  CallBuilder unknown;
+  OR_ASSERT_OK(
+      described.Run(unknown.build("mylib::no_such_op", "", Mode::kDescribe)));
+  r = described.answer();
+  EXPECT_EQ(openreg::call::AnswerStatus::kUnknownOperator,
+            r.get<openreg::call::AnswerHeader>().status);
 }
 
 void* Identity(void*, const void* p) { return const_cast<void*>(p); }

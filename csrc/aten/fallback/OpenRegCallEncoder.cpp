@@ -9,6 +9,7 @@
 #include <string>
 
 #include "aten/fallback/OpenRegIValue.h"
+#include "aten/fallback/OpenRegLaunchPlan.h"
 
 namespace openreg {
 
@@ -120,7 +121,9 @@ class Encoder {
 
   // The storage and tensor tables, which the decoder reads before the
   // arguments: written once every argument is known.
-  bool tables(std::vector<uint8_t>& head) {
+  bool tables(std::vector<uint8_t>& head,
+              std::vector<c10::Storage>* storages_out,
+              std::vector<at::Tensor>* tensors_out) {
     head.clear();
     call::Writer w(head);
     c10::SmallVector<const c10::StorageImpl*, 4> storages;
@@ -137,6 +140,14 @@ class Encoder {
       if (!seen) {
         storages.push_back(s.unsafeGetStorageImpl());
         records.push_back({reinterpret_cast<uint64_t>(s.data()), s.nbytes()});
+        if (storages_out != nullptr) {
+          storages_out->push_back(s);
+        }
+      }
+    }
+    if (tensors_out != nullptr) {
+      for (const Entry& e : tensors_) {
+        tensors_out->push_back(e.tensor);
       }
     }
     for (const call::StorageRecord& r : records) {
@@ -294,7 +305,13 @@ bool encode_call(const CallToEncode& c, std::vector<uint8_t>& out) {
   for (const call::ResultRecord& r : results) {
     tail.put(r);
   }
-  if (!enc.tables(tables)) {
+  if (c.storages != nullptr) {
+    c.storages->clear();
+  }
+  if (c.tensors != nullptr) {
+    c.tensors->clear();
+  }
+  if (!enc.tables(tables, c.storages, c.tensors)) {
     return false;
   }
   const c10::FunctionSchema& schema = c.op->schema();
@@ -304,7 +321,11 @@ bool encode_call(const CallToEncode& c, std::vector<uint8_t>& out) {
   h.magic = call::kMagic;
   h.version = call::kVersion;
   h.mode = c.mode;
-  h.flags = c.forward_warnings ? call::kForwardWarnings : 0;
+  h.flags = (c.forward_warnings ? call::kForwardWarnings : 0) |
+            (c.apply_settings ? call::kApplySettings : 0);
+  if (c.apply_settings) {
+    h.settings = static_cast<uint64_t>(host_settings());
+  }
   h.threads = c.threads;
   h.name_len = static_cast<uint16_t>(name.size());
   h.overload_len = static_cast<uint16_t>(overload.size());

@@ -37,6 +37,13 @@ struct CallToEncode {
   // these, which the host raised at the call.
   bool forward_warnings = false;
   c10::ArrayRef<c10::Warning> known_warnings;
+  // The device applies the host's settings first (call::kApplySettings):
+  // when it runs in a process of its own.
+  bool apply_settings = false;
+  // When set: the call's device storages and its tensors, in the order of
+  // the call's tables (a described call's answer names them by index).
+  std::vector<c10::Storage>* storages = nullptr;
+  std::vector<at::Tensor>* tensors = nullptr;
 };
 
 // Writes the call to `out` (cleared first). Returns false, leaving `out` in

@@ -41,6 +41,7 @@
 
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
+#include "aten/fallback/OpenRegDescribedCall.h"
 #include "aten/fallback/OpenRegFallbackLog.h"
 #include "aten/fallback/OpenRegIValue.h"
 #include "aten/fallback/OpenRegLaunchPlan.h"
@@ -239,10 +240,41 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
   const size_t first = stack->size() - num_args;
   // Keep the original arguments: in-place results return them.
   std::vector<c10::IValue> originals(stack->begin() + first, stack->end());
+  const bool learn = decision.kind == LaunchDecision::kLearn;
+  // Random ops reserve their draw now, in program order.
+  c10::SmallVector<std::pair<size_t, RandomDraw>, 1> draws;
+  for (size_t i = 0; i < num_args; ++i) {
+    if (traits.generator[i]) {
+      std::optional<at::Generator> gen;
+      if (originals[i].isGenerator()) {
+        gen = originals[i].toGenerator();
+      }
+      draws.emplace_back(i, reserve_draw(gen, device.index()));
+    }
+  }
+  const bool device_has_op =
+      host_kernels_supported() || !device_lacks_operator(op);
+  if (!host_kernels_supported() && described_calls_enabled() && device_has_op) {
+    // A device of its own memory runs the call and describes its results
+    // (OpenRegDescribedCall.h).
+    SyncRun run;
+    if (run_described(op, traits, stack, device, draws, learn,
+                      call_elements(originals), &run)) {
+      if (learn) {
+        const size_t num_rets = traits.return_arg.size();
+        learn_launch(
+            std::move(decision), traits, originals,
+            c10::ArrayRef<c10::IValue>(*stack).slice(stack->size() - num_rets),
+            run);
+      }
+      return;
+    }
+  }
   // Staged views (a driver without kernel pointers): what the kernel
   // changes is copied back after it ("staged-kernels", OpenRegKernelView.h).
   std::optional<StagedKernelScope> staged_scope;
   if (!host_kernels_supported()) {
+    stats::count_op(stats::kStaged, traits.display_name.c_str());
     staged_scope.emplace();
   }
   KernelViews views;
@@ -258,11 +290,11 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& v = (*stack)[first + i];
     if (traits.generator[i]) {
-      std::optional<at::Generator> gen;
-      if (v.isGenerator()) {
-        gen = v.toGenerator();
+      for (const auto& [arg, draw] : draws) {
+        if (arg == i) {
+          v = kernel_generator(draw);
+        }
       }
-      v = kernel_generator(reserve_draw(gen, device.index()));
       continue;
     }
     if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
@@ -286,7 +318,6 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
     });
   }
 
-  const bool learn = decision.kind == LaunchDecision::kLearn;
   // What the CPU kernel allocates is device memory of this stream: the
   // results need no copy, and a result the device cannot hold raises out of
   // memory before it is computed (KernelMemoryOnDevice, with the limit of
@@ -365,7 +396,8 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
       v = map_tensors(v, convert);
     }
   }
-  if (learn) {
+  if (learn && (host_kernels_supported() || !device_lacks_operator(op))) {
+    // An operator the device lacks stays synchronous: never queued to it.
     run.warnings = std::move(recorder->warnings);
     learn_launch(std::move(decision), traits, originals,
                  c10::ArrayRef<c10::IValue>(*stack).slice(ret_first), run);

@@ -15,6 +15,7 @@
 
 #include "aten/OpenRegLaunch.h"
 #include "aten/fallback/OpenRegIValue.h"
+#include "kernels/OpenRegCallFormat.h"
 
 namespace openreg {
 
@@ -212,27 +213,34 @@ class SignatureBuilder {
 // these settings when it runs. torch.set_flush_denormal sets the calling
 // CPU thread's floating-point mode; device kernels, which all run on the
 // stream workers (first calls included), ignore it, as CUDA's do.
+}  // namespace
+
 int64_t host_settings() {
   const at::Context& ctx = at::globalContext();
+  namespace bits = call::settings;
   int64_t word =
       static_cast<int64_t>(c10::get_default_dtype_as_scalartype()) & 0xff;
-  int bit = 8;
-  auto put = [&](bool on) { word |= static_cast<int64_t>(on) << bit++; };
-  put(ctx.deterministicAlgorithms());
-  put(ctx.deterministicAlgorithmsWarnOnly());
-  put(ctx.deterministicFillUninitializedMemory());
-  put(c10::WarningUtils::get_warnAlways());
-  put(c10::GradMode::is_enabled());
-  put(c10::InferenceMode::is_enabled());
-  put(ctx.checkSparseTensorInvariants().value_or(false));
-  put(ctx.userEnabledMkldnn());
-  put(ctx.deterministicMkldnn());
-  put(ctx.userEnabledNNPACK());
-  put(ctx.allowFP16ReductionCPU());
-  word |= static_cast<int64_t>(ctx.float32MatmulPrecision()) << bit;
+  auto put = [&](int bit, bool on) { word |= static_cast<int64_t>(on) << bit; };
+  put(bits::kDeterministic, ctx.deterministicAlgorithms());
+  put(bits::kDeterministicWarnOnly, ctx.deterministicAlgorithmsWarnOnly());
+  put(bits::kFillUninitializedMemory,
+      ctx.deterministicFillUninitializedMemory());
+  put(bits::kWarnAlways, c10::WarningUtils::get_warnAlways());
+  put(bits::kGradMode, c10::GradMode::is_enabled());
+  put(bits::kInferenceMode, c10::InferenceMode::is_enabled());
+  put(bits::kCheckSparseInvariants,
+      ctx.checkSparseTensorInvariants().value_or(false));
+  put(bits::kMkldnn, ctx.userEnabledMkldnn());
+  put(bits::kDeterministicMkldnn, ctx.deterministicMkldnn());
+  put(bits::kNnpack, ctx.userEnabledNNPACK());
+  put(bits::kFp16ReductionCpu, ctx.allowFP16ReductionCPU());
+  word |= static_cast<int64_t>(ctx.float32MatmulPrecision())
+          << bits::kMatmulPrecisionShift;
   return word;
 }
 // [/doc:launch-plan-settings]
+
+namespace {
 
 uint64_t hash_key(const std::vector<int64_t>& key) {
   uint64_t h = 1469598103934665603ull;

@@ -92,6 +92,11 @@ struct LaunchDecision {
 // so that they split their work alike and give the same bits.
 int64_t call_elements(c10::ArrayRef<c10::IValue> args);
 
+// The host's settings a CPU kernel reads (call::settings in
+// kernels/OpenRegCallFormat.h): part of a plan's key, and what a device in
+// a process of its own applies before a call.
+int64_t host_settings();
+
 // Decides how the call on top of `stack` runs.
 LaunchDecision plan_launch(const OpTraits& traits,
                            const torch::jit::Stack& stack);

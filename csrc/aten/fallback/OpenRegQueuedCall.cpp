@@ -251,6 +251,7 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
     c.result_slots = call->result_slots;
     c.threads = kernel_thread_cap(plan->elements);
     c.forward_warnings = host_kernels;  // the kernel runs in this process
+    c.apply_settings = !host_kernels;   // or in a process of its own
     c.known_warnings = plan->warnings;
     call->serialized = encode_call(c, call->bytes);
   }
