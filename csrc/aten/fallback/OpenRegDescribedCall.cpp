@@ -260,7 +260,16 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
   }
   std::string out_name;
   std::string out_overload;
-  if (check_out_variant && traits.out_variant) {
+  // As the staged run's check (out_variant_matches in OpenRegFallback.cpp):
+  // not for a pointwise operator, whose out= variant always serves, nor for
+  // one that writes an argument or draws random numbers, which a second
+  // run would write or draw again.
+  bool check = check_out_variant && traits.out_variant.has_value() &&
+               !traits.out_variant_pointwise;
+  for (size_t i = 0; check && i < num_args; ++i) {
+    check = !traits.writes[i] && !traits.generator[i];
+  }
+  if (check) {
     out_name = traits.out_variant->schema().name();
     out_overload = traits.out_variant->schema().overload_name();
   }
