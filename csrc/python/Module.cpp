@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "aten/OpenRegLaunch.h"
+#include "aten/fallback/OpenRegDescribedCall.h"
 #include "aten/fallback/OpenRegFallback.h"
 #include "aten/fallback/OpenRegFallbackLog.h"
 #include "core/OpenRegException.h"
@@ -341,6 +342,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_tensor_tag", &set_tensor_tag, py::arg("tensor"), py::arg("name"),
         py::arg("value"));
   m.def("_fallback_ops", &fallback_ops);
+  m.def("_load_library", &load_operator_library, py::arg("path"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("_set_fallback_warnings", &set_fallback_warnings, py::arg("enabled"));
   m.def("_set_sync_trace", &set_trace_callback, py::arg("callback"));
   m.def("_set_memory_fraction", &set_memory_fraction, py::arg("fraction"),

@@ -448,6 +448,16 @@ typedef int (*orDeviceKernelFn)(const void* params, size_t bytes,
  * set to NULL first. Errors: orErrorInvalidValue (NULL arguments);
  * orErrorFileNotFound (the file is missing or cannot be loaded). */
 OPENREG_API orError_t orModuleLoad(orModule_t* module, const char* path);
+/* orModuleLoad that also says why a load failed, as cuModuleLoadDataEx's
+ * error log does: on orErrorFileNotFound, the loader's message (dlerror of
+ * the process that could not load it: this one, or a device process) is
+ * written to errorLog, at most errorLogBytes - 1 characters, NUL-terminated;
+ * on success errorLog is "". errorLog may be NULL when errorLogBytes is 0.
+ * A library loaded into a device may also register what it holds there:
+ * its static initializers run in the process that runs the device's
+ * kernels. */
+OPENREG_API orError_t orModuleLoadEx(orModule_t* module, const char* path,
+                                     char* errorLog, size_t errorLogBytes);
 /* Unloads a module once the work launched from it has finished (the caller
  * guarantees that, as with orFree). Its functions become invalid. */
 OPENREG_API orError_t orModuleUnload(orModule_t module);

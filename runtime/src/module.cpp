@@ -123,32 +123,49 @@ void orStream::run_function(Task& task) {
 extern "C" {
 
 orError_t orModuleLoad(orModule_t* module, const char* path) {
-  if (module == nullptr) {
+  return orModuleLoadEx(module, path, nullptr, 0);
+}
+
+orError_t orModuleLoadEx(orModule_t* module, const char* path, char* errorLog,
+                         size_t errorLogBytes) {
+  if (module == nullptr || (errorLog == nullptr && errorLogBytes != 0)) {
     return orErrorInvalidValue;
   }
   *module = nullptr;
+  std::string why;
+  const auto give_log = [&](orError_t err) {
+    if (errorLogBytes > 0) {
+      std::snprintf(errorLog, errorLogBytes, "%s", why.c_str());
+    }
+    return err;
+  };
   if (path == nullptr || *path == '\0') {
-    return orErrorInvalidValue;
+    return give_log(orErrorInvalidValue);
   }
-  OR_RETURN_IF_ERROR(ensure_init());
+  OR_RETURN_IF_ERROR(give_log(ensure_init()));
   if (process_driver()) {
     // Loaded by every device process, not here.
     auto m = std::make_unique<orModule_st>();
     m->path = path;
-    OR_RETURN_IF_ERROR(proc::module_load(m.get(), path));
+    const orError_t err = proc::module_load(m.get(), path, &why);
+    if (err != orSuccess) {
+      return give_log(err);
+    }
     *module = m.release();
-    return orSuccess;
+    return give_log(orSuccess);
   }
   // RTLD_LOCAL: two kernel libraries may define the same names.
   void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
-    return orErrorFileNotFound;
+    const char* message = dlerror();
+    why = message != nullptr ? message : "";
+    return give_log(orErrorFileNotFound);
   }
   auto* m = new orModule_st();
   m->handle = handle;
   m->path = path;
   *module = m;
-  return orSuccess;
+  return give_log(orSuccess);
 }
 
 orError_t orModuleUnload(orModule_t module) {

@@ -226,7 +226,7 @@ void* map_file(int fd, size_t bytes) {
 }  // namespace
 
 orError_t request(ProcessDevice& pd, Request what, int arg0, int arg1,
-                  const char* text, const uint64_t* values) {
+                  const char* text, const uint64_t* values, std::string* why) {
   std::lock_guard<std::mutex> lock(pd.request_mu);
   OR_RETURN_IF_ERROR(check_not_lost(pd.dev));
   Control& c = *pd.control;
@@ -243,6 +243,9 @@ orError_t request(ProcessDevice& pd, Request what, int arg0, int arg1,
   for (;;) {
     const uint32_t done = c.response_seq.load(std::memory_order_acquire);
     if (done == seq) {
+      if (why != nullptr) {
+        why->assign(c.answer, strnlen(c.answer, sizeof(c.answer)));
+      }
       return static_cast<orError_t>(c.status);
     }
     OR_RETURN_IF_ERROR(check_not_lost(pd.dev));
@@ -337,15 +340,17 @@ int device_pid(const Device* dev) { return of(dev).pid; }
 
 // ---- named kernels ----------------------------------------------------
 
-orError_t module_load(orModule_st* module, const char* path) {
+orError_t module_load(orModule_st* module, const char* path, std::string* why) {
   const int id = shared().next_module.fetch_add(1);
   if (id >= kMaxModules) {
     return orErrorMemoryAllocation;
   }
   // On every device that works: a lost device runs nothing anyway.
   for (auto& dev : runtime().devices) {
-    const orError_t err = request(of(dev.get()), kLoadModule, id, 0, path);
+    ProcessDevice& pd = of(dev.get());
+    const orError_t err = request(pd, kLoadModule, id, 0, path, nullptr, why);
     if (err != orSuccess && err != orErrorDeviceLost) {
+      *why = "device " + std::to_string(dev->index) + ": " + *why;
       return err;
     }
   }

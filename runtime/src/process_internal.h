@@ -72,10 +72,12 @@ struct ProcessDevice {
 inline ProcessDevice& of(const Device* dev) { return *dev->process; }
 
 // Sends a request to the device process and waits for its answer;
-// orErrorDeviceLost if the process ends first.
+// orErrorDeviceLost if the process ends first. `why`, if given, receives the
+// answer's text (why a request failed).
 orError_t request(ProcessDevice& pd, openreg_proc::Request what, int arg0,
                   int arg1, const char* text,
-                  const uint64_t* values = nullptr);  // 3 of Control::value
+                  const uint64_t* values = nullptr,  // 3 of Control::value
+                  std::string* why = nullptr);
 
 }  // namespace proc
 }  // namespace openreg_rt

@@ -129,7 +129,9 @@ orError_t stream_create(Stream* stream);
 void stream_destroy(Stream* stream);
 orError_t stream_synchronize(Stream* stream);  // moves the ring's error in
 bool stream_idle(Stream* stream);
-orError_t module_load(orModule_st* module, const char* path);
+// Loads `path` in every device process; on failure, *why is the failing
+// device's loader message.
+orError_t module_load(orModule_st* module, const char* path, std::string* why);
 void module_unload(orModule_st* module);
 orError_t function_get(orModule_st* module, const char* name,
                        orFunction_st* fn);

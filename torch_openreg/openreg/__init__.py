@@ -6,6 +6,7 @@ until the first tensor, stream or explicit ``init()``, so a process can fork
 before that.
 """
 
+import os
 import threading
 import traceback
 from collections.abc import Callable
@@ -52,6 +53,7 @@ __all__ = [
     "is_bf16_supported",
     "is_initialized",
     "is_tf32_supported",
+    "load_library",
     "sanitizer",
     "set_device",
     "set_fallback_warnings",
@@ -84,6 +86,22 @@ class DeferredOpenRegCallError(Exception):
 def fallback_ops() -> list[str]:
     """Operators that have run through the CPU fallback in this process."""
     return list(_C._fallback_ops())
+
+
+def load_library(path: str | os.PathLike) -> None:
+    """Loads a library of C++ operators (``TORCH_LIBRARY`` and their CPU
+    kernels) as ``torch.ops.load_library`` does, and into every device too.
+
+    Each openreg device with a process of its own (``OPENREG_DRIVER=process``)
+    runs the CPU kernels of the fallback in that process. It knows only the
+    operators of the libraries it loaded: without this call, such an
+    operator's calls run staged in the user's process instead. The library
+    must not need Python (a device process runs none). With the thread
+    driver the device shares this process, and this is
+    ``torch.ops.load_library``."""
+    path = os.path.realpath(os.fspath(path))
+    torch.ops.load_library(path)
+    _C._load_library(path)
 
 
 def _launch_stats() -> dict:

@@ -218,6 +218,26 @@ bool device_lacks_operator(const c10::OperatorHandle& op) {
   return !lacking().empty() && lacking().count(operator_key(op)) > 0;
 }
 
+// [doc:load-operator-library]
+void load_operator_library(const std::string& path) {
+  lazy_init();
+  orModule_t module = nullptr;
+  char log[1024];
+  const orError_t err = orModuleLoadEx(&module, path.c_str(), log, sizeof(log));
+  TORCH_CHECK(
+      err == orSuccess, "openreg: cannot load the operator library '", path,
+      "' into the devices: ", log[0] != '\0' ? log : orGetErrorString(err),
+      ". A device process runs no Python: a library that needs it "
+      "(a Python extension module) cannot be loaded there; put the "
+      "operators in a library linked to libtorch only.");
+  // Kept with its registrations until the process ends (module leaked).
+  (void)module;
+  // An operator the devices lacked may come from this library.
+  const std::lock_guard<std::mutex> lock(lacking_mutex());
+  lacking().clear();
+}
+// [/doc:load-operator-library]
+
 bool described_calls_enabled() {
   static const bool enabled = [] {
     const char* env = std::getenv("OPENREG_DESCRIBED_CALLS");

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "aten/fallback/OpenRegLaunchPlan.h"
@@ -36,6 +37,15 @@ bool described_calls_enabled();
 // device's process cannot run): its calls then run staged on the host, and
 // are never queued.
 bool device_lacks_operator(const c10::OperatorHandle& op);
+
+// Loads the operator library at `path` (a shared object that registers
+// operators and their CPU kernels with TORCH_LIBRARY, already loaded in this
+// process by torch.ops.load_library) into every device, so that a device of
+// its own process runs their calls instead of the host staging them
+// (torch.openreg.load_library). Kept until the process ends, as
+// torch.ops.load_library keeps it. Raises with the device's loader message
+// when a device cannot load it.
+void load_operator_library(const std::string& path);
 
 // Runs the call on top of `stack` (the operator's arguments, `draws` the
 // random draws of its generator arguments) on the device and waits for its

@@ -2,6 +2,7 @@
 
 #include <ATen/Context.h>
 #include <ATen/core/enum_tag.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
@@ -375,6 +376,77 @@ LaunchDecision plan_launch(const OpTraits& traits,
 }
 // [/doc:launch-plan]
 
+namespace {
+
+class DropWarnings final : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& /*warning*/) override {}
+};
+
+bool same_shape(const at::Tensor& meta, const at::Tensor& run) {
+  return meta.defined() == run.defined() &&
+         (!run.defined() || (meta.sizes().equals(run.sizes()) &&
+                             meta.scalar_type() == run.scalar_type()));
+}
+
+// [doc:fallback-meta-check]
+// Whether the operator's Meta kernel, given the call's metadata, returns the
+// shapes and dtypes its first run returned (OpTraits::shapes_need_meta_check):
+// an operator whose results' shapes depend on the data has no Meta kernel,
+// or one that raises (a fake with a dynamic size), or one that disagrees.
+bool meta_agrees(const OpTraits& traits, c10::ArrayRef<c10::IValue> args,
+                 c10::ArrayRef<c10::IValue> results) {
+  if (!traits.has_meta_kernel || !traits.handle.has_value()) {
+    return false;
+  }
+  torch::jit::Stack stack;
+  DropWarnings drop;  // the first run gave the operator's warnings
+  try {
+    for (const c10::IValue& v : args) {
+      stack.push_back(map_tensors(v, [](const at::Tensor& t) {
+        return t.defined() ? at::empty_strided(t.sizes(), t.strides(),
+                                               t.options().device(c10::kMeta))
+                           : t;
+      }));
+    }
+    const c10::WarningUtils::WarningHandlerGuard quiet(&drop);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    traits.handle->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta),
+                                   &stack);
+  } catch (const std::exception&) {
+    return false;
+  }
+  if (stack.size() != results.size()) {
+    return false;
+  }
+  for (size_t r = 0; r < results.size(); ++r) {
+    const c10::IValue& run = results[r];
+    const c10::IValue& meta = stack[r];
+    if (traits.return_arg[r] >= 0) {
+      continue;  // an argument it writes
+    }
+    if (run.isTensor()) {
+      if (!meta.isTensor() || !same_shape(meta.toTensor(), run.toTensor())) {
+        return false;
+      }
+    } else if (run.isTensorList()) {
+      if (!meta.isTensorList() ||
+          meta.toTensorList().size() != run.toTensorList().size()) {
+        return false;
+      }
+      for (size_t i = 0; i < run.toTensorList().size(); ++i) {
+        if (!same_shape(meta.toTensorList()[i], run.toTensorList()[i])) {
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+// [/doc:fallback-meta-check]
+
+}  // namespace
+
 void learn_launch(LaunchDecision decision, const OpTraits& traits,
                   c10::ArrayRef<c10::IValue> args,
                   c10::ArrayRef<c10::IValue> results, const SyncRun& run) {
@@ -440,6 +512,10 @@ void learn_launch(LaunchDecision decision, const OpTraits& traits,
     }
     plan->outputs.push_back(std::move(out));
   }
+  // An operator of a user's library says nothing of its results' shapes
+  // but through its Meta kernel: learnt only when that agrees.
+  queueable = queueable && (!traits.shapes_need_meta_check ||
+                            meta_agrees(traits, args, results));
   plan->warnings = run.warnings;
   plan->into_results = run.out_variant_matches;
   plan_cache().insert(

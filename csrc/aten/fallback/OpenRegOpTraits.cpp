@@ -175,6 +175,10 @@ std::unique_ptr<OpTraits> compute_traits(const c10::OperatorHandle& op) {
   t->has_cpu_kernel = op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
   t->data_dependent = op.hasTag(at::Tag::dynamic_output_shape) ||
                       op.hasTag(at::Tag::data_dependent_output);
+  t->shapes_need_meta_check = schema.name().rfind("aten::", 0) != 0;
+  t->has_meta_kernel =
+      op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta);
+  t->handle = op;
   const bool doubles_by_type = op.hasTag(at::Tag::pointwise) ||
                                schema.name().rfind("aten::_foreach_", 0) == 0 ||
                                schema.name().rfind("aten::_fused_", 0) == 0;

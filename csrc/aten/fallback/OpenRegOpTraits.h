@@ -60,6 +60,14 @@ struct OpTraits {
   // Tagged dynamic_output_shape or data_dependent_output: its results'
   // shapes depend on the data, so it always runs synchronously.
   bool data_dependent = false;
+  // An operator outside the aten namespace (a user's library, another
+  // library of PyTorch's): nothing guarantees that its tags say whether its
+  // results' shapes depend on the data. A signature is learnt only when the
+  // operator's Meta kernel (its fake) gives the shapes the first run gave;
+  // without one, its calls always run synchronously. `handle` runs it.
+  bool shapes_need_meta_check = false;
+  bool has_meta_kernel = false;
+  std::optional<c10::OperatorHandle> handle;
   std::vector<ArgKey> arg_keys;  // one per argument
   std::vector<bool> writes;      // one per argument: written (alias a!)
   std::vector<bool> generator;   // one per argument: a Generator(?)

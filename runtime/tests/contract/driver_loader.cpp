@@ -85,6 +85,10 @@
     (stream, fn, user_data, attributes))                                       \
   X(orError_t, orModuleLoad, (orModule_t * module, const char* path),          \
     (module, path))                                                            \
+  X(orError_t, orModuleLoadEx,                                                 \
+    (orModule_t * module, const char* path, char* errorLog,                    \
+     size_t errorLogBytes),                                                    \
+    (module, path, errorLog, errorLogBytes))                                   \
   X(orError_t, orModuleUnload, (orModule_t module), (module))                  \
   X(orError_t, orModuleGetFunction,                                            \
     (orFunction_t * function, orModule_t module, const char* name),            \

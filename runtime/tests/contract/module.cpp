@@ -85,6 +85,28 @@ TEST_F(ModuleTest, LoadRejectsBadArguments) {
   EXPECT_EQ(orErrorInvalidResourceHandle, orModuleUnload(nullptr));
 }
 
+TEST_F(ModuleTest, LoadExSaysWhyALoadFailed) {
+  orModule_t m = reinterpret_cast<orModule_t>(0x1);
+  char log[256];
+  EXPECT_EQ(orErrorFileNotFound,
+            orModuleLoadEx(&m, "/nonexistent/libopenreg_no_kernels.so", log,
+                           sizeof(log)));
+  EXPECT_EQ(nullptr, m);
+  // The loader's message names the file, from whichever process failed.
+  EXPECT_NE(nullptr, std::strstr(log, "libopenreg_no_kernels.so")) << log;
+  char small[8];
+  EXPECT_EQ(orErrorFileNotFound,
+            orModuleLoadEx(&m, "/proc/self/status", small, sizeof(small)));
+  EXPECT_EQ(7u, std::strlen(small));  // truncated, terminated
+  EXPECT_EQ(orErrorInvalidValue, orModuleLoadEx(&m, KernelsPath(), nullptr, 4));
+  OR_ASSERT_OK(orModuleLoadEx(&m, KernelsPath(), log, sizeof(log)));
+  EXPECT_STREQ("", log);
+  EXPECT_NE(nullptr, m);
+  OR_ASSERT_OK(orModuleUnload(m));
+  OR_ASSERT_OK(orModuleLoadEx(&m, KernelsPath(), nullptr, 0));
+  OR_ASSERT_OK(orModuleUnload(m));
+}
+
 TEST_F(ModuleTest, GetFunctionFindsKernelsByName) {
   orFunction_t fn = reinterpret_cast<orFunction_t>(0x1);
   EXPECT_EQ(orErrorSymbolNotFound,
