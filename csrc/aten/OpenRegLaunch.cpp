@@ -343,6 +343,9 @@ void launch_function(c10::DeviceIndex device, const std::string& op,
   OPENREG_CHECK(
       orLaunchFunction(stream.native(), function, params, bytes, &attrs));
   if (launch_blocking()) {
+    if (!failure_message.empty()) {
+      faults::surfaced(device, "the call (it runs synchronously)");
+    }
     stream.synchronize();  // raises the kernel's failure now, naming it
   }
 }
