@@ -148,6 +148,20 @@ def _unused(held, t):
     return True
 
 
+def _drop_while_the_stream_is_busy(held, name):
+    t = held.pop(name)
+    index = t.device.index
+    a = torch.ones(2048, 2048, device=t.device)
+    a @ a  # the signature's first run (synchronous)
+    torch.openreg.synchronize(index)
+    for _ in range(8):
+        a @ a  # queued: seconds of work on the stream
+    del t  # its release is queued behind them
+    busy = not torch.openreg.current_stream(index).query()
+    torch.openreg.synchronize(index)  # ... and has run by now
+    return busy
+
+
 # ---------------------------------------------------------------------------
 # Aliasing
 
@@ -243,6 +257,24 @@ def test_storage_dropped_by_the_receiver_first_is_freed_at_once(peer):
     peer.call(_unused, x)  # received, then dropped at the end of the call
     peer.call(_sync_all)  # the peer's release is queued on its stream
     del x
+    torch.openreg.ipc_collect()
+    assert torch.openreg.memory_allocated(D0) == before
+
+
+def test_releasing_a_received_tensor_does_not_wait_for_the_device(peer):
+    """The receiver's deleter queues the release behind its stream's work and
+    returns, with either driver: the stream is still busy after it. With each
+    device in a process of its own the host runs the release once that work
+    has finished (run_after_event), and the sender gets its block back."""
+    peer.call(_sync_all)
+    torch.openreg.ipc_collect()
+    before = torch.openreg.memory_allocated(D0)
+    x = torch.ones(1 << 20, device=D0)
+    peer.call(_hold, "busy", x)
+    del x
+    assert peer.call(_drop_while_the_stream_is_busy, "busy"), (
+        "the receiver's deleter waited for its stream"
+    )
     torch.openreg.ipc_collect()
     assert torch.openreg.memory_allocated(D0) == before
 

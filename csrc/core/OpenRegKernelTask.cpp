@@ -1,7 +1,11 @@
 #include "core/OpenRegKernelTask.h"
 
+#include <algorithm>
 #include <atomic>
+#include <iterator>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "core/OpenRegFreeList.h"
 
@@ -35,7 +39,53 @@ TaskPool& task_pool() {
 }
 // [/doc:task-reclaim]
 
+// [doc:host-work-after-event]
+// Host work waiting for its event (run_after_event). The count lets every
+// launch check for it without the lock.
+struct AfterEvent {
+  orEvent_t done;
+  std::function<void()> work;
+};
+std::mutex g_after_mutex;
+std::vector<AfterEvent> g_after;  // guarded by g_after_mutex
+std::atomic<size_t> g_after_count{0};
+
+void run_finished_host_work() {
+  if (g_after_count.load(std::memory_order_relaxed) == 0) {
+    return;
+  }
+  std::vector<AfterEvent> ready;
+  {
+    std::lock_guard<std::mutex> lock(g_after_mutex);
+    // In order: the work of one stream completes in the order it was queued.
+    const auto first_done = std::stable_partition(
+        g_after.begin(), g_after.end(), [](const AfterEvent& a) {
+          return orEventQuery(a.done) == orErrorNotReady;
+        });
+    ready.assign(std::make_move_iterator(first_done),
+                 std::make_move_iterator(g_after.end()));
+    g_after.erase(first_done, g_after.end());
+    g_after_count.store(g_after.size(), std::memory_order_relaxed);
+  }
+  for (AfterEvent& a : ready) {
+    (void)orEventDestroy(a.done);
+    a.work();
+  }
+}
+// [/doc:host-work-after-event]
+
 }  // namespace
+
+void run_after_event(orEvent_t done, std::function<void()> work) {
+  {
+    std::lock_guard<std::mutex> lock(g_after_mutex);
+    g_after.push_back({done, std::move(work)});
+    g_after_count.store(g_after.size(), std::memory_order_relaxed);
+  }
+  if (t_worker_stream == nullptr) {
+    run_finished_host_work();  // earlier work, or this one if already done
+  }
+}
 
 KernelTask* take_task() { return task_pool().take(); }
 
@@ -53,8 +103,11 @@ void hand_back(KernelTask* task) noexcept {
 }
 
 void reclaim_finished_tasks() {
-  if (g_finished.load(std::memory_order_relaxed) == nullptr ||
-      t_worker_stream != nullptr) {
+  if (t_worker_stream != nullptr) {
+    return;
+  }
+  run_finished_host_work();
+  if (g_finished.load(std::memory_order_relaxed) == nullptr) {
     return;
   }
   KernelTask* list = g_finished.exchange(nullptr, std::memory_order_acquire);

@@ -13,6 +13,7 @@
 
 #include <openreg.h>
 
+#include <functional>
 #include <string>
 
 #include "core/OpenRegKernelBody.h"
@@ -38,8 +39,19 @@ void give_back_unlaunched(KernelTask* task) noexcept;
 // On the worker, once the task's kernel has run.
 void hand_back(KernelTask* task) noexcept;
 // Destroys, on the calling host thread, the closures of the tasks that have
-// run. Cheap when there is nothing to reclaim; does nothing on a worker.
+// run, and runs the host work whose event has completed (run_after_event).
+// Cheap when there is nothing to reclaim; does nothing on a worker.
 void reclaim_finished_tasks();
+
+// Host work in stream order on a driver that runs no host code on its
+// streams (each device a process of its own, OPENREG_DRIVER=process):
+// `work` runs on a host thread once `done`, an event recorded on the stream
+// the work follows, has completed (or its device is lost). The next launch
+// or synchronization of this process that finds it complete runs it
+// (reclaim_finished_tasks), as CUDA's caching allocator reuses a block freed
+// on another stream once its events have completed. Takes over `done` and
+// destroys it. `work` must not throw.
+void run_after_event(orEvent_t done, std::function<void()> work);
 
 // While alive, the calling thread is the worker of `stream` running a kernel
 // (a queued task, or a synchronous call of run_sync).

@@ -19,6 +19,7 @@
 
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
+#include "core/OpenRegKernelTask.h"
 #include "core/OpenRegStream.h"
 #include "memory/OpenRegAllocator.h"
 
@@ -318,15 +319,17 @@ void received_deleter(void* ctx) {
     }
     if (!host_kernels_supported()) {
       // The driver runs no host code in stream order (each device is a
-      // process of its own): wait here for the work queued so far, then
-      // release.
+      // process of its own): the release runs on the host once the work
+      // queued so far has finished, found by a later launch or
+      // synchronization. The deleter does not wait.
       orEvent_t done = nullptr;
       OPENREG_CHECK(orEventCreateWithFlags(&done, orEventDisableTiming));
-      OPENREG_CHECK(orEventRecord(done, stream));
-      const orError_t err = orEventSynchronize(done);
-      OPENREG_CHECK(orEventDestroy(done));
-      OPENREG_CHECK(err);
-      release_now(block);
+      const orError_t err = orEventRecord(done, stream);
+      if (err != orSuccess) {
+        (void)orEventDestroy(done);
+        OPENREG_CHECK(err);
+      }
+      run_after_event(done, [block] { release_now(block); });
       return;
     }
     orLaunchAttributes attrs{};
