@@ -114,13 +114,21 @@ def device_pids(parent=None):
     return found
 
 
+# The suite's mode, which its subprocesses run in too (the whole suite runs
+# once per driver and launch mode): a test that needs another sets it.
+_MODE = ("OPENREG_DRIVER", "OPENREG_LAUNCH_BLOCKING")
+
+
 def clean_env(**overrides):
     """The current environment without OPENREG_* and _SETTINGS, plus overrides.
 
-    An override of None removes the variable.
+    The suite's mode (_MODE: the driver and blocking launches) is kept. An
+    override of None removes the variable.
     """
     env = {
-        k: v for k, v in os.environ.items() if not k.startswith("OPENREG_") and k not in _SETTINGS
+        k: v
+        for k, v in os.environ.items()
+        if (k in _MODE or not k.startswith("OPENREG_")) and k not in _SETTINGS
     }
     for key, value in overrides.items():
         if value is None:

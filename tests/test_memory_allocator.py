@@ -277,8 +277,8 @@ def test_kernel_workspace_host_memory_is_reused_and_released(py):
     # take their large temporaries from a host block cache as the device's
     # kernels take theirs from its workspace (previous test); CPU work on the
     # host keeps the CPU's own allocator, raw interface included (oneDNN on
-    # the CPU allocates through it). With the process driver they run staged
-    # on the calling thread, with the same cache.
+    # the CPU allocates through it). With the process driver they run in the
+    # device's process (described calls) and this cache stays unused.
     result = py(
         """
         import torch, torch_openreg
@@ -300,7 +300,9 @@ def test_kernel_workspace_host_memory_is_reused_and_released(py):
     )
     assert result.returncode == 0, result.stderr
     used, left = result.stdout.split()
-    assert used == "True"
+    # With the process driver the kernels run in the device's process, whose
+    # workspace this one does not see: nothing used the host's cache.
+    assert used == ("False" if torch.openreg._named_kernels_only() else "True")
     assert left == "0"
 
 
