@@ -1,8 +1,10 @@
 """Device memory: isolation from the host, out-of-memory errors, accounting, pinned memory."""
 
+import inspect
+
 import pytest
 import torch
-from conftest import describe
+from conftest import describe, device_pids
 
 D = "openreg"
 
@@ -106,12 +108,20 @@ def test_out_of_memory(py):
 
 # The first call of a signature runs the CPU kernel synchronously; what it
 # allocates is device memory, so a result the device cannot hold is refused
-# when the kernel allocates it, before it computes anything (issue 27). Peak
-# host memory tells: a result computed on the host first would add its size.
-FIRST_CALL_OOM = """
-import resource, sys, torch
+# before anything computes it (issue 27): with the thread driver when the
+# kernel allocates it, with the process driver before the launch, from the
+# Meta kernel's sizes. The peak resident memory of the process that computes
+# tells: a result computed first in host memory would add its size.
+FIRST_CALL_OOM = (
+    "import os, resource, sys, torch\n"
+    + inspect.getsource(device_pids)
+    + """
 def peak_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    # This process, or with the process driver device 0's own process.
+    if not torch.openreg._named_kernels_only():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    with open(f"/proc/{device_pids()[0]}/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("VmHWM")) // 1024
 n = int(sys.argv[1])
 a = torch.randn(n, device="openreg")
 i = torch.arange(n, device="openreg")
@@ -132,6 +142,7 @@ print("allocated", torch.openreg.memory_allocated() == held)
 b = torch.randn(1000, device="openreg")  # the device still computes
 print("after", torch.allclose(torch.outer(b, b).cpu(), torch.outer(b.cpu(), b.cpu())))
 """
+)
 
 
 @pytest.mark.parametrize(

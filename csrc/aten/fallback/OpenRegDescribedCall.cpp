@@ -20,6 +20,8 @@
 
 #include "aten/OpenRegLaunch.h"
 #include "aten/fallback/OpenRegCallEncoder.h"
+#include "aten/fallback/OpenRegIValue.h"
+#include "aten/fallback/OpenRegLaunchPlan.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegLaunchStats.h"
@@ -184,6 +186,69 @@ TensorDesc tensor_desc(call::Reader& r) {
   return d;
 }
 
+// [doc:described-call-reserve]
+// Device memory for a described call's new results, allocated before the
+// device runs it: the sizes come from the operator's Meta kernel, the blocks
+// from the caching allocator on the call's stream, as a CUDA operator sizes
+// and allocates its outputs on the host before it launches its kernel. A
+// result the device cannot hold raises torch.OutOfMemoryError here, and
+// the device has computed nothing (before, the device computed the whole
+// result in its workspace and the host's allocation failed after). The
+// answer's new storages take these blocks (reserved_block); without a Meta
+// kernel, or for an operator whose results' sizes depend on the data, the
+// blocks are allocated when the answer gives the sizes.
+struct ReservedBlock {
+  uint64_t bytes;
+  c10::DataPtr block;
+};
+
+std::vector<ReservedBlock> reserve_results(const c10::OperatorHandle& op,
+                                           const OpTraits& traits,
+                                           c10::ArrayRef<c10::IValue> args) {
+  std::vector<ReservedBlock> reserved;
+  const auto& returns = op.schema().returns();
+  // Only results that are new tensors (not an argument, not a view of one).
+  std::vector<bool> fresh(returns.size(), false);
+  bool any = false;
+  for (size_t r = 0; r < returns.size(); ++r) {
+    fresh[r] = traits.return_arg[r] < 0 && returns[r].alias_info() == nullptr;
+    any = any || fresh[r];
+  }
+  if (!any || traits.data_dependent) {
+    return reserved;
+  }
+  const std::optional<std::vector<c10::IValue>> meta =
+      meta_results(traits, args);
+  if (!meta.has_value() || meta->size() != returns.size()) {
+    return reserved;
+  }
+  for (size_t r = 0; r < returns.size(); ++r) {
+    if (!fresh[r]) {
+      continue;
+    }
+    for_each_tensor((*meta)[r], [&](const at::Tensor& t) {
+      if (t.defined() && t.has_storage() && t.storage().nbytes() > 0) {
+        const uint64_t n = t.storage().nbytes();
+        reserved.push_back({n, device_allocator()->allocate(n)});
+      }
+    });
+  }
+  return reserved;
+}
+// [/doc:described-call-reserve]
+
+// The reserved block of exactly `bytes`, taken out of `reserved`; an empty
+// DataPtr if there is none.
+c10::DataPtr reserved_block(std::vector<ReservedBlock>& reserved,
+                            uint64_t bytes) {
+  for (ReservedBlock& r : reserved) {
+    if (r.bytes == bytes && r.block.get() != nullptr) {
+      return std::move(r.block);
+    }
+  }
+  return c10::DataPtr();
+}
+
 bool writes_anything(const OpTraits& traits) {
   for (bool w : traits.writes) {
     if (w) {
@@ -318,6 +383,10 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
   at += out_overload.size();
   std::memcpy(at, bytes.data(), bytes.size());
 
+  // The results' device memory first: an out of memory is raised before the
+  // device works.
+  std::vector<ReservedBlock> reserved = reserve_results(op, traits, args);
+
   stats::count_op(stats::kDescribed, traits.display_name.c_str());
   KeptOnDevice kept(device.index(), p.token);
   launch_function(device.index(), traits.display_name,
@@ -379,20 +448,26 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
     c10::warn(w);
   }
 
-  // Device blocks for the new memory, from the caching allocator on this
-  // stream: the device's out of memory is raised here, and the host has
-  // computed nothing.
+  // Device blocks for the new memory: the blocks reserved before the launch
+  // where the Meta kernel gave the size, the others from the caching
+  // allocator on this stream now (an out of memory is raised here, the
+  // device keeps what it computed until `kept` drops it).
   std::vector<uint64_t> sizes(h.n_new_storages);
   for (uint64_t& n : sizes) {
     n = r.get<uint64_t>();
   }
-  std::vector<c10::DataPtr> blocks;
+  std::vector<c10::DataPtr> blocks(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    blocks[i] = reserved_block(reserved, sizes[i]);
+  }
+  reserved.clear();  // what no result took goes back before more is taken
   std::vector<uint64_t> addresses;
-  blocks.reserve(sizes.size());
-  for (uint64_t n : sizes) {
-    blocks.push_back(n == 0 ? c10::DataPtr(nullptr, device)
-                            : device_allocator()->allocate(n));
-    addresses.push_back(reinterpret_cast<uint64_t>(blocks.back().get()));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (blocks[i].get() == nullptr) {
+      blocks[i] = sizes[i] == 0 ? c10::DataPtr(nullptr, device)
+                                : device_allocator()->allocate(sizes[i]);
+    }
+    addresses.push_back(reinterpret_cast<uint64_t>(blocks[i].get()));
   }
   if (sizes.empty()) {
     kept.nothing_kept();

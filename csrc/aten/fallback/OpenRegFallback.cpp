@@ -135,12 +135,6 @@ bool spans_devices(c10::ArrayRef<c10::IValue> args) {
   return spans;
 }
 
-// Drops every warning (a second run whose warnings the first one raised).
-class DropWarnings : public c10::WarningHandler {
- public:
-  void process(const c10::Warning&) override {}
-};
-
 // Passes warnings on to the handler that was current, keeping a copy.
 class ForwardingRecorder : public c10::WarningHandler {
  public:

@@ -1,14 +1,22 @@
-// Small helpers over boxed operator arguments (c10::IValue), shared by the
-// fallback's files.
+// Small helpers over boxed operator arguments (c10::IValue) and their runs,
+// shared by the fallback's files.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/function_schema.h>
 #include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
 
 #include <string>
 
 namespace openreg {
+
+// Drops every warning: a second run of a call (a Meta kernel's, an out=
+// variant's) whose warnings the call's own run gives.
+class DropWarnings final : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& /*warning*/) override {}
+};
 
 inline bool is_openreg(const at::Tensor& t) {
   return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;

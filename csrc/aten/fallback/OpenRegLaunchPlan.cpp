@@ -378,11 +378,6 @@ LaunchDecision plan_launch(const OpTraits& traits,
 
 namespace {
 
-class DropWarnings final : public c10::WarningHandler {
- public:
-  void process(const c10::Warning& /*warning*/) override {}
-};
-
 bool same_shape(const at::Tensor& meta, const at::Tensor& run) {
   return meta.defined() == run.defined() &&
          (!run.defined() || (meta.sizes().equals(run.sizes()) &&
@@ -396,26 +391,12 @@ bool same_shape(const at::Tensor& meta, const at::Tensor& run) {
 // or one that raises (a fake with a dynamic size), or one that disagrees.
 bool meta_agrees(const OpTraits& traits, c10::ArrayRef<c10::IValue> args,
                  c10::ArrayRef<c10::IValue> results) {
-  if (!traits.has_meta_kernel || !traits.handle.has_value()) {
+  const std::optional<std::vector<c10::IValue>> given =
+      meta_results(traits, args);
+  if (!given.has_value()) {
     return false;
   }
-  torch::jit::Stack stack;
-  DropWarnings drop;  // the first run gave the operator's warnings
-  try {
-    for (const c10::IValue& v : args) {
-      stack.push_back(map_tensors(v, [](const at::Tensor& t) {
-        return t.defined() ? at::empty_strided(t.sizes(), t.strides(),
-                                               t.options().device(c10::kMeta))
-                           : t;
-      }));
-    }
-    const c10::WarningUtils::WarningHandlerGuard quiet(&drop);
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    traits.handle->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta),
-                                   &stack);
-  } catch (const std::exception&) {
-    return false;
-  }
+  const std::vector<c10::IValue>& stack = *given;
   if (stack.size() != results.size()) {
     return false;
   }
@@ -446,6 +427,32 @@ bool meta_agrees(const OpTraits& traits, c10::ArrayRef<c10::IValue> args,
 // [/doc:fallback-meta-check]
 
 }  // namespace
+
+std::optional<std::vector<c10::IValue>> meta_results(
+    const OpTraits& traits, c10::ArrayRef<c10::IValue> args) {
+  if (!traits.has_meta_kernel || !traits.handle.has_value()) {
+    return std::nullopt;
+  }
+  torch::jit::Stack stack;
+  stack.reserve(args.size());
+  DropWarnings drop;  // the call's own run gives the operator's warnings
+  try {
+    for (const c10::IValue& v : args) {
+      stack.push_back(map_tensors(v, [](const at::Tensor& t) {
+        return t.defined() ? at::empty_strided(t.sizes(), t.strides(),
+                                               t.options().device(c10::kMeta))
+                           : t;
+      }));
+    }
+    const c10::WarningUtils::WarningHandlerGuard quiet(&drop);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    traits.handle->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta),
+                                   &stack);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  return std::move(stack);
+}
 
 void learn_launch(LaunchDecision decision, const OpTraits& traits,
                   c10::ArrayRef<c10::IValue> args,

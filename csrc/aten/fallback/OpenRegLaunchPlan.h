@@ -36,6 +36,7 @@
 #include <c10/util/Exception.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "aten/fallback/OpenRegOpTraits.h"
@@ -96,6 +97,13 @@ int64_t call_elements(c10::ArrayRef<c10::IValue> args);
 // kernels/OpenRegCallFormat.h): part of a plan's key, and what a device in
 // a process of its own applies before a call.
 int64_t host_settings();
+
+// The results the operator's Meta kernel gives for `args` (each tensor
+// replaced by a meta tensor of its sizes, strides and dtype; the kernel's
+// warnings dropped), or nothing when the operator has no Meta kernel or it
+// raises (a fake whose sizes depend on the data).
+std::optional<std::vector<c10::IValue>> meta_results(
+    const OpTraits& traits, c10::ArrayRef<c10::IValue> args);
 
 // Decides how the call on top of `stack` runs.
 LaunchDecision plan_launch(const OpTraits& traits,
