@@ -1,6 +1,7 @@
 """Device memory: isolation from the host, out-of-memory errors, accounting, pinned memory."""
 
 import inspect
+import json
 
 import pytest
 import torch
@@ -158,6 +159,47 @@ def test_first_call_out_of_memory_before_host_work(py, memory, n):
     # The results are 550 MB (n = 12,000) and 6.4 GB (n = 40,000) of floats.
     assert int(out["growth"]) < 100, describe(proc)
     assert out["allocated"] == "True" and out["after"] == "True", describe(proc)
+
+
+# An operator the device lacks (a CPU kernel written in Python) runs staged
+# with the process driver: the host computes, then copies the results to the
+# device. Its result's device memory is reserved from its Meta kernel first,
+# so a result the device cannot hold raises before the host computes it (the
+# thread driver's kernel allocates device memory: the same error, as early).
+STAGED_OOM = """
+import json, resource, torch
+lib = torch.library.Library("stagedoom", "DEF")
+lib.define("outer(Tensor a, Tensor b) -> Tensor")
+lib.impl("outer", lambda a, b: torch.outer(a, b), "CPU")
+lib.impl("outer", lambda a, b: a.new_empty(a.shape[0], b.shape[0]), "Meta")
+outer = torch.ops.stagedoom.outer
+b = torch.randn(300)
+ok = torch.equal(outer(b.to("openreg"), b.to("openreg")).cpu(), torch.outer(b, b))
+a = torch.randn(12_000, device="openreg")
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+try:
+    outer(a, a)
+    error = None
+except torch.OutOfMemoryError as e:
+    error = str(e)
+growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024 - before
+ok = ok and torch.equal(outer(b.to("openreg"), b.to("openreg")).cpu(), torch.outer(b, b))
+stats = torch.openreg._launch_stats()
+print(json.dumps({"error": error, "growth": growth, "ok": ok,
+                  "staged": stats["staged_by_op"].get("stagedoom::outer", 0)}))
+"""
+
+
+@pytest.mark.parametrize("driver", ["thread", "process"])
+def test_staged_call_out_of_memory_before_host_work(py, driver):
+    proc = py(STAGED_OOM, OPENREG_DRIVER=driver, OPENREG_DEVICE_MEMORY="256M")
+    assert proc.returncode == 0, describe(proc)
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["error"] is not None and "Tried to allocate" in out["error"], out
+    assert out["growth"] < 100, out  # the result is 550 MB of floats
+    assert out["ok"], out
+    if driver == "process":
+        assert out["staged"] == 3, out  # the device lacks the operator
 
 
 def test_first_call_result_is_computed_in_device_memory(py):

@@ -20,7 +20,13 @@ import time
 import pytest
 from conftest import clean_env, describe, device_pids
 
-PROCESS = {"OPENREG_DRIVER": "process", "OPENREG_FALLBACK_WARNINGS": "0"}
+# The tests here choose their mode: they check what is queued, and where
+# errors surface, so they never take the suite's blocking launches.
+PROCESS = {
+    "OPENREG_DRIVER": "process",
+    "OPENREG_FALLBACK_WARNINGS": "0",
+    "OPENREG_LAUNCH_BLOCKING": None,
+}
 
 # The source of conftest.device_pids, for the scripts these tests run.
 DEVICE_PIDS = "\nimport os\n" + inspect.getsource(device_pids) + "\n"
@@ -232,6 +238,9 @@ def test_first_runs_run_on_the_device_and_are_described(py):
             cvals, cidx = a.topk(2)
             check("tuple_values", vals, cvals)
             check("tuple_indices", idx, cidx)
+            # two new results of one size: each gets a block of its own
+            (lo, hi), (clo, chi) = torch.aminmax(x, dim=0), torch.aminmax(a, dim=0)
+            check("same_size_results", torch.stack([lo, hi]), torch.stack([clo, chi]))
             xi, ai = x.clone(), a.clone()
             xi.add_(2); ai.add_(2)
             check("in_place", xi, ai)

@@ -186,6 +186,8 @@ TensorDesc tensor_desc(call::Reader& r) {
   return d;
 }
 
+}  // namespace
+
 // [doc:described-call-reserve]
 // Device memory for a described call's new results, allocated before the
 // device runs it: the sizes come from the operator's Meta kernel, the blocks
@@ -196,12 +198,8 @@ TensorDesc tensor_desc(call::Reader& r) {
 // result in its workspace and the host's allocation failed after). The
 // answer's new storages take these blocks (reserved_block); without a Meta
 // kernel, or for an operator whose results' sizes depend on the data, the
-// blocks are allocated when the answer gives the sizes.
-struct ReservedBlock {
-  uint64_t bytes;
-  c10::DataPtr block;
-};
-
+// blocks are allocated when the answer gives the sizes. A staged call
+// (OpenRegFallback.cpp) holds them while the host computes its results.
 std::vector<ReservedBlock> reserve_results(const c10::OperatorHandle& op,
                                            const OpTraits& traits,
                                            c10::ArrayRef<c10::IValue> args) {
@@ -237,13 +235,18 @@ std::vector<ReservedBlock> reserve_results(const c10::OperatorHandle& op,
 }
 // [/doc:described-call-reserve]
 
-// The reserved block of exactly `bytes`, taken out of `reserved`; an empty
-// DataPtr if there is none.
+namespace {
+
+// The reserved block of exactly `bytes`, taken out of `reserved` (erased:
+// a moved-from DataPtr still gives its address); an empty DataPtr if there
+// is none.
 c10::DataPtr reserved_block(std::vector<ReservedBlock>& reserved,
                             uint64_t bytes) {
-  for (ReservedBlock& r : reserved) {
-    if (r.bytes == bytes && r.block.get() != nullptr) {
-      return std::move(r.block);
+  for (auto it = reserved.begin(); it != reserved.end(); ++it) {
+    if (it->bytes == bytes) {
+      c10::DataPtr block = std::move(it->block);
+      reserved.erase(it);
+      return block;
     }
   }
   return c10::DataPtr();

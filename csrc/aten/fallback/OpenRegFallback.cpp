@@ -332,8 +332,15 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
     recording.emplace(&*recorder);
   }
   // Staged: the kernel allocates host memory, and results are copied to
-  // the device after it.
+  // the device after it. Their device memory is reserved first (the Meta
+  // kernel's sizes), so a result the device cannot hold raises before the
+  // host computes it; the reservation goes back to the cache just before
+  // the copies take their blocks from it.
   const bool staged = staged_scope.has_value();
+  std::vector<ReservedBlock> reserved;
+  if (staged) {
+    reserved = reserve_results(op, traits, originals);
+  }
   run_sync(
       device.index(),
       [&] {
@@ -368,6 +375,7 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
     sync_tensor(m.dev, m.view, views, m.base);
   }
 
+  reserved.clear();
   const size_t num_rets = traits.return_arg.size();
   const size_t ret_first = stack->size() - num_rets;
   auto convert = [&](const at::Tensor& t) -> at::Tensor {
