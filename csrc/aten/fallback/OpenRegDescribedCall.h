@@ -13,7 +13,6 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
-#include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 #include <c10/util/ArrayRef.h>
 
@@ -21,7 +20,6 @@
 #include <cstdint>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "aten/fallback/OpenRegLaunchPlan.h"
 #include "aten/fallback/OpenRegOpTraits.h"
@@ -48,21 +46,6 @@ bool device_lacks_operator(const c10::OperatorHandle& op);
 // torch.ops.load_library keeps it. Raises with the device's loader message
 // when a device cannot load it.
 void load_operator_library(const std::string& path);
-
-// A block of device memory reserved for a call's new result.
-struct ReservedBlock {
-  uint64_t bytes;
-  c10::DataPtr block;
-};
-
-// Device memory for the new results of a call of `op` with `args`, from the
-// sizes its Meta kernel gives, allocated on the current stream before
-// anything computes them: a result the device cannot hold raises
-// torch.OutOfMemoryError here. Empty when the operator has no Meta kernel,
-// its results' sizes depend on the data, or it returns no new tensor.
-std::vector<ReservedBlock> reserve_results(const c10::OperatorHandle& op,
-                                           const OpTraits& traits,
-                                           c10::ArrayRef<c10::IValue> args);
 
 // Runs the call on top of `stack` (the operator's arguments, `draws` the
 // random draws of its generator arguments) on the device and waits for its

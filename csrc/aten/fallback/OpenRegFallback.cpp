@@ -48,6 +48,7 @@
 #include "aten/fallback/OpenRegLayouts.h"
 #include "aten/fallback/OpenRegOpTraits.h"
 #include "aten/fallback/OpenRegQueuedCall.h"
+#include "aten/fallback/OpenRegReservedResults.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegLaunchStats.h"
 #include "memory/OpenRegAllocator.h"
