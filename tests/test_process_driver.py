@@ -210,11 +210,13 @@ sys.stdout.flush()
     assert "while running kernel 'openreg_boxed_call' (aten::mm.out)" in error, error
 
 
-def test_first_runs_run_on_the_device_and_are_described(py):
-    """The first run of a signature, and data-dependent operators, run in
-    the device's process: the host learns the results' metadata, warnings
-    and errors from the device's answer (docs/process-driver.md, "described
-    calls"); nothing is staged through host memory."""
+@pytest.mark.parametrize("driver", ["thread", "process"])
+def test_first_runs_run_on_the_device_and_are_described(py, driver):
+    """The first run of a signature, and data-dependent operators, run on
+    the device (in the device's process with the process driver): the host
+    learns the results' metadata, warnings and errors from the device's
+    answer (docs/process-driver.md, "described calls"), with either driver;
+    nothing is staged through host memory."""
     out = last_json(
         py(
             """
@@ -277,13 +279,14 @@ def test_first_runs_run_on_the_device_and_are_described(py):
             checks["then_queued"] = stats["queued"] >= 2 and stats["described"] == 0
             print(json.dumps(checks))
             """,
-            **PROCESS,
+            **dict(PROCESS, OPENREG_DRIVER=driver),
         )
     )
     assert out and all(out.values()), out
 
 
-def test_a_first_run_out_of_memory_is_raised_before_its_results_exist(py):
+@pytest.mark.parametrize("driver", ["thread", "process"])
+def test_a_first_run_out_of_memory_is_raised_before_its_results_exist(py, driver):
     out = last_json(
         py(
             """
@@ -302,7 +305,7 @@ def test_a_first_run_out_of_memory_is_raised_before_its_results_exist(py):
             print(json.dumps({"error": error, "same": before == after, "ok": ok}))
             """,
             OPENREG_DEVICE_MEMORY="64M",
-            **PROCESS,
+            **dict(PROCESS, OPENREG_DRIVER=driver),
         )
     )
     assert out["error"] is not None and "out of memory" in out["error"].lower(), out

@@ -284,23 +284,22 @@ def test_cpu_only_profile_records_no_device_activity():
 
 
 def test_launch_blocking_kernels_run_at_the_call(py):
-    # With the thread driver the kernel runs inline, on the calling thread;
-    # with the process driver the device runs the call and describes its
-    # result (a described call, docs/process-driver.md), which the host takes.
+    # Blocking launches run the same kernels as queued ones and wait for each
+    # at its launch: after the signature's first run (a described call), the
+    # add is a queued kernel on the device, with either driver.
     proc = py(
         """
         import torch
         from torch.profiler import ProfilerActivity, profile
         x = torch.ones(64, 64, device="openreg")
         (x + x, x + x)
+        torch.openreg._reset_launch_stats()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
             x + x
         kernels = [e.name for e in prof.events() if e.name.endswith("]")]
-        if torch.openreg._named_kernels_only():
-            expected = ["aten::add.Tensor [kernel]", "openreg_take_results [kernel]"]
-            assert kernels == expected, kernels
-        else:
-            assert kernels == ["aten::add [sync]"], kernels
+        assert kernels == ["aten::add.Tensor [kernel]"], kernels
+        stats = torch.openreg._launch_stats()
+        assert stats["queued"] == 1 and stats["described"] == stats["synchronous"] == 0, stats
         print("ok")
         """,
         OPENREG_LAUNCH_BLOCKING="1",

@@ -15,10 +15,11 @@
 // allocator that was installed before (the CPU itself is not changed).
 //
 // Kernel memory on the device: while a KernelMemoryOnDevice scope is alive
-// on a worker (a synchronous call: the fallback's first run of a signature,
-// an op whose result shapes depend on the data), that thread's large CPU
-// allocations are device memory instead, from the caching allocator on the
-// call's stream, reached through the kernel view. The results of such a
+// on a worker (a synchronous call the host runs from a closure: one the call
+// format cannot carry, or any with OPENREG_DESCRIBED_CALLS=0; the others
+// are described calls, aten/fallback/OpenRegDescribedCall.h), that thread's
+// large CPU allocations are device memory instead, from the caching allocator
+// on the call's stream, reached through the kernel view. The results of such a
 // kernel are then already in device memory (take_device_memory hands them
 // over without a copy), and a result the device cannot hold raises
 // torch.OutOfMemoryError when the kernel allocates it, before it computes

@@ -4,11 +4,13 @@
 // from the device's answer (kernels/OpenRegCallFormat.h, "described
 // calls"): the results' metadata, the warnings, the error and its class.
 //
-// Used when the driver runs named kernels only (OPENREG_DRIVER=process):
-// the CPU kernel of such a call then runs in the device's process, so a
-// crash in it loses the device and not the program, and the host computes
-// nothing. The thread driver keeps running these calls on its worker
-// (run_sync in aten/OpenRegLaunch.h).
+// Used with either driver, so the first run takes the same launch path on
+// both: with OPENREG_DRIVER=process the CPU kernel of such a call runs in
+// the device's process, so a crash in it loses the device and not the
+// program, and the host computes nothing; the thread driver's worker runs
+// the same kernel of the kernel library in the user's process. What the
+// call format cannot carry runs on the worker from a closure instead
+// (run_sync in aten/OpenRegLaunch.h), or staged with the process driver.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -249,9 +249,9 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
   }
   const bool device_has_op =
       host_kernels_supported() || !device_lacks_operator(op);
-  if (!host_kernels_supported() && described_calls_enabled() && device_has_op) {
-    // A device of its own memory runs the call and describes its results
-    // (OpenRegDescribedCall.h).
+  if (described_calls_enabled() && device_has_op) {
+    // The device runs the call and describes its results
+    // (OpenRegDescribedCall.h), with either driver.
     SyncRun run;
     if (run_described(op, traits, stack, device, draws, learn,
                       call_elements(originals), &run)) {

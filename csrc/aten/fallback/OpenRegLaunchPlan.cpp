@@ -332,7 +332,9 @@ int64_t call_elements(c10::ArrayRef<c10::IValue> args) {
 LaunchDecision plan_launch(const OpTraits& traits,
                            const torch::jit::Stack& stack) {
   LaunchDecision d;
-  if (launch_blocking() || traits.has_device_arg || traits.data_dependent) {
+  // OPENREG_LAUNCH_BLOCKING=1 plans alike: a queued call's launch waits for
+  // it (launch_function), so blocking runs the same kernels, at the call.
+  if (traits.has_device_arg || traits.data_dependent) {
     return d;  // synchronous
   }
   const size_t num_args = traits.writes.size();
