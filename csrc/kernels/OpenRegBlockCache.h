@@ -9,16 +9,21 @@
 // call; the simulator keeps the blocks its kernels freed, by size, up to
 // kMaxCachedBytes beyond the blocks in use.
 //
-// Used by the kernel library's workspace (kernels/OpenRegWorkspace.cpp) and
-// by the host's cache for the kernels it runs from closures
-// (memory/OpenRegKernelScratch.cpp). Thread-safe: a block may be freed on
-// any thread.
+// Used, through FrontAllocator below, by the kernel library's workspace
+// (kernels/OpenRegWorkspace.cpp) and by the host's cache for the kernels it
+// runs from closures (memory/OpenRegKernelScratch.cpp). Thread-safe: a block
+// may be freed on any thread.
 #pragma once
 
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
 #include <c10/util/flat_hash_map.h>
+#include <pthread.h>
 
 #include <cstddef>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -100,6 +105,85 @@ class BlockCache {
   ska::flat_hash_map<void*, size_t> live_;  // blocks in use, by address
   ska::flat_hash_map<size_t, std::vector<void*>> free_;  // reusable, by size
   size_t cached_ = 0;                                    // bytes in free_
+};
+
+// A BlockCache as the process's CPU allocator, in front of the one that was
+// in place: Derived's allocate() serves a thread's large temporaries from
+// the cache while that thread runs a device kernel (cached()) and passes
+// everything else on (passed_on()); a block of either is freed through this
+// allocator. Derived (final) declares `static Derived* instance` and
+// `static constexpr const char* kName`, and may hide give() and the fork
+// hooks to own more than the cache's blocks (memory/OpenRegKernelScratch.cpp
+// also hands out device memory).
+template <class Derived>
+class FrontAllocator : public c10::Allocator {
+ public:
+  explicit FrontAllocator(c10::Allocator* fallback) : fallback_(fallback) {}
+
+  // Installs one Derived, once, in front of the CPU allocator in place; false
+  // if that one has no raw interface to fall back on. Never freed: blocks it
+  // gave may be freed until the process ends.
+  static bool install() {
+    static const bool ok = [] {
+      c10::Allocator* previous = c10::GetCPUAllocator();
+      if (previous == nullptr || previous->raw_deleter() == nullptr) {
+        return false;
+      }
+      Derived::instance = new Derived(previous);
+      c10::SetCPUAllocator(Derived::instance, /*priority=*/0);
+      pthread_atfork([] { Derived::instance->lock_for_fork(); },
+                     [] { Derived::instance->unlock_after_fork(); },
+                     [] { Derived::instance->unlock_after_fork(); });
+      return true;
+    }();
+    return ok;
+  }
+
+  // Frees blocks of this cache and of the allocator before it alike.
+  c10::DeleterFnPtr raw_deleter() const override { return &raw_free; }
+
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+
+  // Takes p back if it is a block of the cache.
+  bool give(void* p) noexcept { return blocks_.give(p); }
+
+  void release() noexcept { blocks_.release(); }
+  size_t cached_bytes() { return blocks_.cached_bytes(); }
+
+  // A forked child inherits the cache's mutex as it was: the fork holds it.
+  void lock_for_fork() { blocks_.lock_for_fork(); }
+  void unlock_after_fork() { blocks_.unlock_after_fork(); }
+
+ protected:
+  c10::DataPtr passed_on(size_t nbytes) { return fallback_->allocate(nbytes); }
+
+  // A block of the cache. Data and context are the same address, as
+  // raw_allocate requires (oneDNN takes its scratchpad through it).
+  c10::DataPtr cached(size_t nbytes) {
+    void* p = blocks_.take(nbytes);
+    return {p, p, &free_block, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  // A deleter: takes p back through Derived's give() (deleters must not
+  // throw).
+  static void free_block(void* p) {
+    if (!Derived::instance->give(p)) {
+      TORCH_WARN("openreg ", Derived::kName, ": freeing unknown block ", p);
+    }
+  }
+
+ private:
+  static void raw_free(void* p) {
+    if (p != nullptr && !Derived::instance->give(p)) {
+      static_cast<FrontAllocator*>(Derived::instance)
+          ->fallback_->raw_deleter()(p);
+    }
+  }
+
+  c10::Allocator* fallback_;
+  BlockCache blocks_;
 };
 
 }  // namespace openreg

@@ -4,13 +4,10 @@
 // temporary.
 #include "memory/OpenRegKernelScratch.h"
 
-#include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 #include <c10/util/flat_hash_map.h>
 #include <openreg.h>
-#include <pthread.h>
 
-#include <cstring>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -32,9 +29,12 @@ thread_local size_t t_spill_limit = 0;
 constexpr size_t kMinBytes = BlockCache::kMinBytes;
 
 // [doc:kernel-scratch]
-class ScratchAllocator final : public c10::Allocator {
+class ScratchAllocator final : public FrontAllocator<ScratchAllocator> {
  public:
-  explicit ScratchAllocator(c10::Allocator* fallback) : fallback_(fallback) {}
+  static constexpr const char* kName = "kernel scratch";
+  static ScratchAllocator* instance;
+
+  using FrontAllocator::FrontAllocator;
 
   c10::DataPtr allocate(size_t nbytes) override {
     if (nbytes >= kMinBytes && t_device_stream.has_value()) {
@@ -50,24 +50,10 @@ class ScratchAllocator final : public c10::Allocator {
       // not: host memory, like the temporaries of queued kernels.
     }
     if (!t_scratch || nbytes < kMinBytes) {
-      return fallback_->allocate(nbytes);
+      return passed_on(nbytes);
     }
-    void* p = blocks_.take(nbytes);
-    // Data and context are the same address, as raw_allocate requires
-    // (oneDNN takes its scratchpad through raw_allocate).
-    return {p, p, &free_block, c10::Device(c10::DeviceType::CPU)};
+    return cached(nbytes);
   }
-
-  // Frees blocks of this cache and of the allocator before it alike.
-  c10::DeleterFnPtr raw_deleter() const override { return &raw_free; }
-
-  void copy_data(void* dest, const void* src, size_t count) const override {
-    std::memcpy(dest, src, count);
-  }
-
-  void release() noexcept { blocks_.release(); }
-
-  size_t cached_bytes() { return blocks_.cached_bytes(); }
 
   // The device memory behind kernel address p, handed to the caller.
   c10::DataPtr take_device(const void* p) {
@@ -80,17 +66,28 @@ class ScratchAllocator final : public c10::Allocator {
     return std::move(it->second);
   }
 
+  // Takes p back if it is a block of the cache or device memory it gave.
+  bool give(void* p) noexcept {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (auto d = device_.find(p); d != device_.end()) {
+      c10::DataPtr memory = std::move(d->second);
+      device_.erase(d);
+      lock.unlock();
+      return true;  // `memory` returns to the caching allocator, if still ours
+    }
+    lock.unlock();
+    return FrontAllocator::give(p);
+  }
+
   // A forked child inherits the mutexes as they were: the fork holds them.
   void lock_for_fork() {
     mutex_.lock();
-    blocks_.lock_for_fork();
+    FrontAllocator::lock_for_fork();
   }
   void unlock_after_fork() {
-    blocks_.unlock_after_fork();
+    FrontAllocator::unlock_after_fork();
     mutex_.unlock();
   }
-
-  static ScratchAllocator* instance;
 
  private:
   // Device memory for a kernel's allocation, at its kernel address (data
@@ -110,35 +107,7 @@ class ScratchAllocator final : public c10::Allocator {
     return {p, p, &free_block, c10::Device(c10::DeviceType::CPU)};
   }
 
-  // Takes p back if it is a block of this cache or device memory it gave.
-  bool give(void* p) noexcept {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (auto d = device_.find(p); d != device_.end()) {
-      c10::DataPtr memory = std::move(d->second);
-      device_.erase(d);
-      lock.unlock();
-      return true;  // `memory` returns to the caching allocator, if still ours
-    }
-    lock.unlock();
-    return blocks_.give(p);
-  }
-
-  static void free_block(void* p) {
-    if (!instance->give(p)) {
-      // Deleters must not throw.
-      TORCH_WARN("openreg kernel scratch: freeing unknown block ", p);
-    }
-  }
-
-  static void raw_free(void* p) {
-    if (p != nullptr && !instance->give(p)) {
-      instance->fallback_->raw_deleter()(p);
-    }
-  }
-
-  c10::Allocator* fallback_;
-  BlockCache blocks_;  // host blocks of KernelScratchScope
-  std::mutex mutex_;   // guards device_
+  std::mutex mutex_;  // guards device_
   // Device memory given to kernels, by kernel address (empty once taken).
   ska::flat_hash_map<void*, c10::DataPtr> device_;
 };
@@ -148,18 +117,7 @@ ScratchAllocator* ScratchAllocator::instance = nullptr;
 
 // Installed when the extension loads, in front of the CPU allocator then in
 // place (whose raw interface it must be able to fall back on).
-const bool g_installed = [] {
-  c10::Allocator* previous = c10::GetCPUAllocator();
-  if (previous == nullptr || previous->raw_deleter() == nullptr) {
-    return false;  // nothing to pass the other allocations to
-  }
-  ScratchAllocator::instance = new ScratchAllocator(previous);  // never freed
-  c10::SetCPUAllocator(ScratchAllocator::instance, /*priority=*/0);
-  pthread_atfork([] { ScratchAllocator::instance->lock_for_fork(); },
-                 [] { ScratchAllocator::instance->unlock_after_fork(); },
-                 [] { ScratchAllocator::instance->unlock_after_fork(); });
-  return true;
-}();
+const bool g_installed = ScratchAllocator::install();
 
 }  // namespace
 
