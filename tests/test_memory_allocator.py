@@ -262,46 +262,44 @@ def test_queued_kernels_reuse_the_device_workspace():
     torch.openreg.synchronize()
     per_call = (minor_faults(pid) - before) / 10
     assert per_call < 400, per_call
-    if os.environ.get("OPENREG_LAUNCH_BLOCKING") != "1":
-        # With OPENREG_LAUNCH_BLOCKING=1 the convolutions run synchronously,
-        # from the host's cache (next test).
-        assert _C._kernel_scratch_cached_bytes() == 0
+    # Queued with OPENREG_LAUNCH_BLOCKING=1 too (each launch then waits).
+    assert _C._kernel_scratch_cached_bytes() == 0
     torch.testing.assert_close(out.cpu(), expected)
     torch.openreg.empty_cache()  # frees the workspace too, in stream order
     torch.testing.assert_close(torch.nn.functional.conv2d(dx, dw, padding=1).cpu(), expected)
 
 
 def test_kernel_workspace_host_memory_is_reused_and_released(py):
-    # The kernels the host waits for (OPENREG_LAUNCH_BLOCKING=1 runs every
-    # convolution so) run on the stream's worker with the thread driver, and
-    # take their large temporaries from a host block cache as the device's
-    # kernels take theirs from its workspace (previous test); CPU work on the
-    # host keeps the CPU's own allocator, raw interface included (oneDNN on
-    # the CPU allocates through it). With the process driver they run in the
-    # device's process (described calls) and this cache stays unused.
+    # The kernels the host runs from closures on the stream's worker (a
+    # captured call: what the call format cannot carry, every queued call
+    # with OPENREG_SERIALIZED_CALLS=0) take their large temporaries from a
+    # host block cache, as the device's kernels take theirs from its
+    # workspace (previous test): summing 1M uint8 into int64 casts the input
+    # first (8 MiB). CPU work on the host keeps the CPU's own allocator, raw
+    # interface included (oneDNN on the CPU allocates through it). With the
+    # process driver every call is bytes run in the device's process, and
+    # this cache stays unused.
     result = py(
         """
         import torch, torch_openreg
         from torch_openreg import _C
         g = torch.Generator().manual_seed(0)
-        x, w = torch.randn(1, 16, 40, 40, generator=g), torch.randn(16, 16, 3, 3, generator=g)
-        expected = torch.nn.functional.conv2d(x, w, padding=1)
-        dx, dw = x.to("openreg"), w.to("openreg")
-        outs = [torch.nn.functional.conv2d(dx, dw, padding=1) for _ in range(3)]
+        xb = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8, generator=g)
+        dxb = xb.to("openreg")
+        sums = [dxb.sum(dtype=torch.int64) for _ in range(3)]
         torch.openreg.synchronize()
         used = _C._kernel_scratch_cached_bytes()
-        for out in outs:
-            torch.testing.assert_close(out.cpu(), expected)
-        torch.testing.assert_close(torch.nn.functional.conv2d(x, w, padding=1), expected)
+        for s in sums:
+            assert s.item() == xb.sum(dtype=torch.int64).item()
+        x, w = torch.randn(1, 16, 40, 40, generator=g), torch.randn(16, 16, 3, 3, generator=g)
+        torch.nn.functional.conv2d(x, w, padding=1)  # oneDNN on the host's CPU
         torch.openreg.empty_cache()
         print(used > 0, _C._kernel_scratch_cached_bytes())
         """,
-        OPENREG_LAUNCH_BLOCKING="1",
+        OPENREG_SERIALIZED_CALLS="0",
     )
     assert result.returncode == 0, result.stderr
     used, left = result.stdout.split()
-    # With the process driver the kernels run in the device's process, whose
-    # workspace this one does not see: nothing used the host's cache.
     assert used == ("False" if torch.openreg._named_kernels_only() else "True")
     assert left == "0"
 
