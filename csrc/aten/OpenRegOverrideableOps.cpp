@@ -20,7 +20,6 @@
 #include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
-#include "core/OpenRegFunctions.h"
 
 namespace openreg {
 
