@@ -288,7 +288,10 @@ void run_worker(int index) {
     run_command(ring, ring.slots[head % kRingSlots]);
     ++head;
     ring.completed.store(head, std::memory_order_seq_cst);
-    if (ring.host_waiting.load(std::memory_order_seq_cst) != 0) {
+    // Pairs with the waiter's lowering of host_wake_at before its last look
+    // at `completed` (both sequentially consistent).
+    if (head >= ring.host_wake_at.load(std::memory_order_seq_cst)) {
+      ring.host_wake_at.store(UINT64_MAX, std::memory_order_seq_cst);
       futex_wake(&ring.completed);
     }
   }

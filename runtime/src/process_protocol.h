@@ -14,7 +14,8 @@
 // single-consumer (the stream's worker in the device process). `tail` counts
 // published commands, `completed` finished ones; each is waited on with a
 // futex on its low 32 bits (little-endian), and woken only when the other
-// side says it sleeps (worker_sleeping, host_waiting).
+// side says it sleeps (worker_sleeping), or, for `completed`, when it
+// reaches the count a host thread waits for (host_wake_at).
 #pragma once
 
 #include <linux/futex.h>
@@ -34,6 +35,9 @@ constexpr uint32_t kMagic = 0x6f726770;  // "orgp"
 constexpr int kMaxDevices = 16;
 constexpr int kMaxStreams = 128;  // per device, the default stream included
 constexpr uint32_t kRingSlots = 64;
+// Commands that must have completed before a launch that found its ring full
+// goes on.
+constexpr uint32_t kRingRefill = kRingSlots / 4;
 constexpr int kMaxModules = 256;
 constexpr int kMaxFunctions = 4096;
 constexpr int kMaxEvents = 1 << 16;
@@ -74,7 +78,12 @@ struct alignas(64) Ring {
   alignas(64) std::atomic<uint64_t> tail{0};       // host writes
   std::atomic<uint32_t> worker_sleeping{0};        // device writes
   alignas(64) std::atomic<uint64_t> completed{0};  // device writes
-  std::atomic<uint32_t> host_waiting{0};           // host writes
+  // The smallest count a host thread sleeps waiting for (UINT64_MAX: none).
+  // Waiters lower it; the device, once `completed` reaches it, resets it and
+  // wakes every waiter (those still short of their count lower it again), so
+  // a host waiting for room in a full ring, or for a synchronization, wakes
+  // once, not at every command the device finishes.
+  std::atomic<uint64_t> host_wake_at{UINT64_MAX};
   // Function id + 1 of the kernel running now (0: none), for the reason
   // of a lost device.
   std::atomic<uint32_t> running{0};

@@ -84,12 +84,15 @@ orError_t wait_ring(const Device* dev, Ring& ring, uint64_t target) {
   }
   while (ring.completed.load(std::memory_order_acquire) < target) {
     OR_RETURN_IF_ERROR(check_not_lost(dev));
-    ring.host_waiting.fetch_add(1, std::memory_order_seq_cst);
+    // Ask to be woken at `target` (the smallest count any waiter wants).
+    uint64_t at = ring.host_wake_at.load(std::memory_order_seq_cst);
+    while (target < at && !ring.host_wake_at.compare_exchange_weak(
+                              at, target, std::memory_order_seq_cst)) {
+    }
     const uint64_t seen = ring.completed.load(std::memory_order_seq_cst);
     if (seen < target) {
       futex_wait(&ring.completed, static_cast<uint32_t>(seen), 50);
     }
-    ring.host_waiting.fetch_sub(1, std::memory_order_seq_cst);
   }
   return orSuccess;
 }
@@ -104,8 +107,10 @@ orError_t push(orStream* stream, const SlotHeader& header, const void* params,
   OR_RETURN_IF_ERROR(check_not_lost(dev));
   const uint64_t t = stream->proc_tail_;
   if (t >= kRingSlots) {
-    // The slot is free once the command one lap back has completed.
-    OR_RETURN_IF_ERROR(wait_ring(dev, ring, t - kRingSlots + 1));
+    // The slot is free once the command one lap back has completed. Wait
+    // for a quarter of the ring to drain, not just this slot: a host far
+    // ahead of the device then wakes once per kRingRefill commands.
+    OR_RETURN_IF_ERROR(wait_ring(dev, ring, t - kRingSlots + 1 + kRingRefill));
   }
   Slot& slot = ring.slots[t % kRingSlots];
   slot.h = header;

@@ -253,6 +253,9 @@ struct orStream {
   // Tasks a stream holds before a launch waits for room (CUDA's launch
   // queue is bounded too: a host far ahead of the device blocks).
   static constexpr uint64_t kCapacity = 1024;
+  // How many tasks must have drained before a launch that found the ring
+  // full goes on (see push()).
+  static constexpr uint64_t kRefill = kCapacity / 4;
 
   orStream(Device* dev, int priority, bool is_default);
   ~orStream();

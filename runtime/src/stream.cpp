@@ -86,8 +86,12 @@ void orStream::push(Task task) {
   Slot& slot = ring_[ticket % kCapacity];
   while (slot.seq.load(std::memory_order_acquire) != ticket) {
     // The ring is full: the worker frees this slot when it takes the task
-    // one lap back, which has finished once the count passes it.
-    wait_completed(ticket + 1 - kCapacity);
+    // one lap back, which has finished once the count passes it. The
+    // launcher waits until a quarter of the ring has drained, not just its
+    // slot: a host far ahead of the device then wakes once per kRefill
+    // tasks rather than at every task the worker finishes (each wake takes
+    // a core from the kernel running then, a stall for an OpenMP team).
+    wait_completed(ticket + 1 - kCapacity + kRefill);
   }
   slot.task = std::move(task);
   slot.seq.store(ticket + 1, std::memory_order_release);
