@@ -18,7 +18,8 @@ openreg's median over the CPU's, with the range of the per-round ratios.
 ``--breakdown`` runs each loop once more on openreg with launch statistics
 (``torch.openreg._launch_stats``): how many operator calls were queued, run
 synchronously, or run synchronously to learn their signature, and which
-operators ran synchronously, per step.
+operators ran synchronously, and which calls computed their results into
+temporaries the device then copied (no out= variant), per step.
 
 Usage: python benchmarks/bench_loops.py [--rounds N] [--loops a,b] [--breakdown] [--out DIR]
 Writes DIR/bench_loops.json and DIR/bench_loops.png.
@@ -435,6 +436,12 @@ def print_breakdown(name: str, result: dict) -> None:
     top = sorted(s["learned_by_op"].items(), key=lambda kv: -kv[1])[:6]
     if top:
         print("    learning: " + ", ".join(f"{op} {c / n:.2f}" for op, c in top))
+    top = sorted(s["copied_by_op"].items(), key=lambda kv: -kv[1])[:8]
+    if top:
+        print(
+            f"    results copied out of temporaries ({s['copied'] / n:.1f} calls): "
+            + ", ".join(f"{op} {c / n:.2f}" for op, c in top)
+        )
 
 
 def plot(rows: list[dict], path: Path) -> None:

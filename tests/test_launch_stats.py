@@ -107,3 +107,41 @@ def test_captured_calls_compute_the_same(tmp_path):
         assert queued > 0 and captured == 0, out.stdout
     else:
         assert queued > 0 and captured == queued, out.stdout
+
+
+def test_results_written_in_place_through_out_variants_of_any_name():
+    # A queued functional call writes its results straight into device memory
+    # through its out= variant, found by schema whatever its overload name
+    # (sum.dim_IntList -> sum.IntList_out, gelu_backward -> .grad_input), and
+    # for pointwise operators that are not structured (where) once the
+    # signature's first call showed the out= kernel writes the same bytes.
+    # Other operators copy their results and are counted: without a CPU out=
+    # kernel (native_layer_norm), or not structured (index_select). Values
+    # must equal the CPU's bit for bit.
+    torch.manual_seed(0)
+    xc, gc = torch.randn(16, 8, 33), torch.randn(16, 8, 33)
+    idx = torch.tensor([3, 0, 3, 7])
+    calls = {
+        "aten::sum.dim_IntList": lambda x, g, i: x.sum([0, 2]),
+        "aten::gelu_backward": lambda x, g, i: torch.ops.aten.gelu_backward(g, x),
+        "aten::silu_backward": lambda x, g, i: torch.ops.aten.silu_backward(g, x),
+        "aten::where.self": lambda x, g, i: torch.where(x > g, x, g),
+        "aten::index_select": lambda x, g, i: x.index_select(1, i),
+        "aten::native_layer_norm": lambda x, g, i: torch.ops.aten.native_layer_norm(
+            x, [33], None, None, 1e-5
+        )[0],
+    }
+    x, g, i = xc.to(D), gc.to(D), idx.to(D)
+    for op, fn in calls.items():
+        for _ in range(2):  # the first call learns the signature
+            fn(x, g, i)
+        torch.openreg.synchronize()
+        torch.openreg._reset_launch_stats()
+        got = fn(x, g, i).cpu()
+        s = torch.openreg._launch_stats()
+        assert torch.equal(got, fn(xc, gc, idx)), op
+        assert s["queued"] >= 1, (op, s)
+        if op in ("aten::native_layer_norm", "aten::index_select"):
+            assert s["copied_by_op"] == {op: 1} and s["copied"] == 1, s
+        else:
+            assert s["copied"] == 0 and s["copied_by_op"] == {}, (op, s)

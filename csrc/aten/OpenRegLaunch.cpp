@@ -376,6 +376,9 @@ bool launch_boxed_call(c10::DeviceIndex device, const std::string& op_name,
   if (!encode_call(call, bytes)) {
     return false;
   }
+  if (!defined.empty()) {
+    stats::count_op(stats::kCopied, op_name.c_str());
+  }
   launch_function(device, op_name, named_kernel(NamedKernel::kBoxedCall),
                   bytes.data(), bytes.size(), elements);
   return true;

@@ -16,6 +16,7 @@ struct ByOp {
   std::map<std::string, int64_t> captured;
   std::map<std::string, int64_t> staged;
   std::map<std::string, int64_t> described;
+  std::map<std::string, int64_t> copied;
 };
 
 ByOp& by_op() {
@@ -33,12 +34,12 @@ void count_op(Counter counter, const char* op) {
   count(counter);
   ByOp& maps = by_op();
   std::lock_guard<std::mutex> lock(maps.mu);
-  std::map<std::string, int64_t>& map = counter == kLearned    ? maps.learned
-                                        : counter == kCaptured ? maps.captured
-                                        : counter == kStaged   ? maps.staged
-                                        : counter == kDescribed
-                                            ? maps.described
-                                            : maps.synchronous;
+  std::map<std::string, int64_t>& map = counter == kLearned     ? maps.learned
+                                        : counter == kCaptured  ? maps.captured
+                                        : counter == kStaged    ? maps.staged
+                                        : counter == kDescribed ? maps.described
+                                        : counter == kCopied    ? maps.copied
+                                                             : maps.synchronous;
   ++map[op];
 }
 
@@ -54,6 +55,7 @@ Snapshot snapshot() {
   s.captured_by_op = maps.captured;
   s.staged_by_op = maps.staged;
   s.described_by_op = maps.described;
+  s.copied_by_op = maps.copied;
   return s;
 }
 
@@ -68,6 +70,7 @@ void reset() {
   maps.captured.clear();
   maps.staged.clear();
   maps.described.clear();
+  maps.copied.clear();
 }
 
 }  // namespace openreg::stats

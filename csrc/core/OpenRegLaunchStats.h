@@ -21,12 +21,15 @@ enum Counter : int {
   kCaptured = 5,     // queued calls captured as host objects, not as bytes
   kStaged = 6,       // host kernels run staged (a driver of named kernels)
   kDescribed = 7,    // synchronous calls the device ran and described
-  kCounterCount = 8,
+  kCopied = 8,       // queued calls whose kernel computes its results into
+                     // temporaries and copies them into the device results
+                     // (no out= variant writes them in place)
+  kCounterCount = 9,
 };
 
 void count(Counter counter);
 // count() plus the operator's name, for kSynchronous, kLearned, kCaptured,
-// kStaged and kDescribed.
+// kStaged, kDescribed and kCopied.
 void count_op(Counter counter, const char* op);
 
 struct Snapshot {
@@ -36,6 +39,7 @@ struct Snapshot {
   std::map<std::string, int64_t> captured_by_op;
   std::map<std::string, int64_t> staged_by_op;
   std::map<std::string, int64_t> described_by_op;
+  std::map<std::string, int64_t> copied_by_op;
 };
 Snapshot snapshot();
 void reset();

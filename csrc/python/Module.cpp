@@ -369,6 +369,8 @@ PYBIND11_MODULE(_C, m) {
         out["staged_by_op"] = s.staged_by_op;
         out["described"] = s.counters[stats::kDescribed];
         out["described_by_op"] = s.described_by_op;
+        out["copied"] = s.counters[stats::kCopied];
+        out["copied_by_op"] = s.copied_by_op;
         return out;
       },
       "How operators ran since the last reset (core/OpenRegLaunchStats.h).");

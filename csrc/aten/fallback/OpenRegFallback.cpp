@@ -151,10 +151,10 @@ class ForwardingRecorder : public c10::WarningHandler {
 };
 
 // [doc:fallback-out-variant-check]
-// The first call of a signature of a structured operator that is not
-// pointwise: after its functional CPU kernel ran (`results`, CPU tensors),
-// runs its out= variant on new outputs of the same metadata and says
-// whether that wrote the same bytes in place, without resizing or
+// The first call of a signature of an operator with an out= variant that is
+// not structured and pointwise: after its functional CPU kernel ran (`results`,
+// CPU tensors), runs its out= variant on new outputs of the same metadata and
+// says whether that wrote the same bytes in place, without resizing or
 // reallocating them. Only then are later calls queued through the out=
 // variant, writing device memory directly instead of copying a host
 // temporary into it (mm, addmm, sum, softmax, ...): an out= kernel that

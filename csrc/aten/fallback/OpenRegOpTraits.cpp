@@ -5,6 +5,8 @@
 
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 namespace openreg {
 
@@ -116,42 +118,75 @@ bool is_type(const c10::TypePtr& type, c10::TypeKind kind) {
   return false;
 }
 
-// The out= variant of a structured functional operator: "<overload>_out"
-// or "out", with the functional arguments followed by one written tensor per
-// result (checked, names and types, so a look-alike is never taken).
+// The overload names of every operator named `name` ("aten::sum": "",
+// "dim_IntList", "IntList_out", "out", ...), as registered when first asked.
+// Built once: the out= variants looked up here are ATen's, registered when
+// libtorch loads.
+const std::vector<std::string>& overloads_of(const std::string& name) {
+  static const auto* by_name = [] {
+    auto* map = new ska::flat_hash_map<std::string, std::vector<std::string>>();
+    for (const c10::OperatorName& op :
+         c10::Dispatcher::singleton().getAllOpNames()) {
+      (*map)[op.name].push_back(op.overload_name);
+    }
+    return map;
+  }();
+  static const std::vector<std::string> none;
+  auto it = by_name->find(name);
+  return it == by_name->end() ? none : it->second;
+}
+
+// Whether `out` is an out= variant of the functional `schema`: the same
+// arguments (names and types), then one written tensor per result.
+bool is_out_variant_of(const c10::FunctionSchema& schema,
+                       const c10::OperatorHandle& out) {
+  const auto& args = schema.arguments();
+  const auto& out_args = out.schema().arguments();
+  const size_t n_out = schema.returns().size();
+  if (out_args.size() != args.size() + n_out) {
+    return false;
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].name() != out_args[i].name() ||
+        *args[i].type() != *out_args[i].type()) {
+      return false;
+    }
+  }
+  for (size_t i = args.size(); i < out_args.size(); ++i) {
+    const c10::AliasInfo* alias = out_args[i].alias_info();
+    if (out_args[i].type()->kind() != c10::TypeKind::TensorType ||
+        alias == nullptr || !alias->isWrite()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The out= variant of a functional operator that has a CPU kernel, with
+// the functional arguments followed by one written tensor per result
+// (checked, names and types, so a look-alike is never taken). Its overload
+// name follows no single rule: "<overload>_out" (where.self_out), "out"
+// (mm.out), or another name (sum.IntList_out for sum.dim_IntList,
+// gelu_backward.grad_input), so those two are tried first, then every
+// overload of the name.
 std::optional<c10::OperatorHandle> find_out_variant(
     const c10::OperatorHandle& op) {
   const c10::FunctionSchema& schema = op.schema();
-  if (!op.hasKernelForDispatchKey(
-          c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-      schema.is_mutable() || schema.returns().empty()) {
+  if (schema.is_mutable() || schema.returns().empty()) {
     return std::nullopt;
   }
   const std::string& overload = schema.overload_name();
-  for (const std::string& candidate :
-       {overload.empty() ? std::string("out") : overload + "_out",
-        std::string("out")}) {
+  std::vector<std::string> candidates = {
+      overload.empty() ? std::string("out") : overload + "_out", "out"};
+  for (const std::string& other : overloads_of(schema.name())) {
+    if (other != overload && other != candidates[0] && other != "out") {
+      candidates.push_back(other);
+    }
+  }
+  for (const std::string& candidate : candidates) {
     auto out = c10::Dispatcher::singleton().findOp({schema.name(), candidate});
-    if (!out || !out->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
-      continue;
-    }
-    const auto& args = schema.arguments();
-    const auto& out_args = out->schema().arguments();
-    const size_t n_out = schema.returns().size();
-    if (out_args.size() != args.size() + n_out) {
-      continue;
-    }
-    bool same = true;
-    for (size_t i = 0; i < args.size() && same; ++i) {
-      same = args[i].name() == out_args[i].name() &&
-             *args[i].type() == *out_args[i].type();
-    }
-    for (size_t i = args.size(); i < out_args.size() && same; ++i) {
-      const c10::AliasInfo* alias = out_args[i].alias_info();
-      same = out_args[i].type()->kind() == c10::TypeKind::TensorType &&
-             alias != nullptr && alias->isWrite();
-    }
-    if (same) {
+    if (out && out->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+        is_out_variant_of(schema, *out)) {
       return out;
     }
   }
@@ -218,8 +253,21 @@ std::unique_ptr<OpTraits> compute_traits(const c10::OperatorHandle& op) {
     }
     t->return_arg.push_back(arg);
   }
-  t->out_variant = find_out_variant(op);
-  t->out_variant_pointwise = t->out_variant && op.hasTag(at::Tag::pointwise);
+  // A structured operator's functional and out= kernels are one kernel
+  // (its CompositeExplicitAutogradNonFunctional wrapper allocates the
+  // results and calls the out= implementation). Another operator's out=
+  // kernel is its own code: taken only for a pointwise one (where.self),
+  // and trusted per signature only after the check, which runs it a second
+  // time. Not for the others: some write arguments their schema does not
+  // mark as written (native_batch_norm's running statistics), so a second
+  // run would update them twice.
+  const bool structured = op.hasKernelForDispatchKey(
+      c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+  const bool pointwise = op.hasTag(at::Tag::pointwise);
+  if (structured || pointwise) {
+    t->out_variant = find_out_variant(op);
+  }
+  t->out_variant_pointwise = t->out_variant && structured && pointwise;
   t->foreach_loop = is_foreach_loop(op);
   return t;
 }

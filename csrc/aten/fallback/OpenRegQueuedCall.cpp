@@ -271,6 +271,9 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
       call->args.args[i] = c10::IValue();
     }
   }
+  if (!into_results && !new_results.empty()) {
+    stats::count_op(stats::kCopied, traits.display_name.c_str());
+  }
   if (call->serialized) {
     // The device runs the bytes (kernels/OpenRegKernelLibrary.cpp), with
     // either driver.
