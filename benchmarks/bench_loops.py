@@ -19,7 +19,13 @@ openreg's median over the CPU's, with the range of the per-round ratios.
 (``torch.openreg._launch_stats``): how many operator calls were queued, run
 synchronously, or run synchronously to learn their signature, and which
 operators ran synchronously, and which calls computed their results into
-temporaries the device then copied (no out= variant), per step.
+temporaries the device then copied (no out= variant), per step. It also
+runs each loop once on each device with the CPU time of every thread of the
+process (Linux's /proc), per step: on openreg the host (the main thread),
+autograd's thread and the device's workers with their OpenMP threads; on
+the CPU the main thread and its OpenMP threads. On a machine whose cores
+the kernels already fill, openreg can hide at most the host's share of a
+step behind the device's work, which bounds its ratio from below.
 
 Usage: python benchmarks/bench_loops.py [--rounds N] [--loops a,b] [--breakdown] [--out DIR]
 Writes DIR/bench_loops.json and DIR/bench_loops.png.
@@ -28,9 +34,11 @@ Writes DIR/bench_loops.json and DIR/bench_loops.png.
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -366,6 +374,31 @@ LOOPS = {
 
 
 # --- one process ------------------------------------------------------------------
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds of each thread of this process so far, by role."""
+    tick = os.sysconf("SC_CLK_TCK")
+    main = str(threading.get_native_id())
+    roles: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        except OSError:
+            continue  # the thread ended
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        seconds = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        if tid == main:
+            role = "host"
+        elif name.startswith("openreg"):
+            role = "device"  # a stream's worker and its OpenMP threads
+        elif name.startswith("pt_autograd"):
+            role = "autograd"
+        else:
+            role = "other"  # the main thread's OpenMP threads, tqdm, BLAS
+        roles[role] = roles.get(role, 0.0) + seconds
+    return roles
+
+
 def measure(name: str, device_name: str, breakdown: bool) -> dict:
     device = torch.device(device_name)
     if device.type == "openreg":
@@ -374,12 +407,22 @@ def measure(name: str, device_name: str, breakdown: bool) -> dict:
     loop = cls(device)
     loop.run(warmup)
     if breakdown:
-        torch.openreg._reset_launch_stats()
+        if device.type == "openreg":
+            torch.openreg._reset_launch_stats()
+        before = thread_cpu_seconds()
         t0 = time.perf_counter()
         loop.run(steps)
         seconds = time.perf_counter() - t0
-        stats = torch.openreg._launch_stats()
-        return {"seconds_per_step": seconds / steps, "steps": steps, "stats": stats}
+        after = thread_cpu_seconds()
+        # Threads that ended during the block (a retired worker) are lost.
+        cpu = {k: (after[k] - before.get(k, 0.0)) / steps for k in after}
+        stats = torch.openreg._launch_stats() if device.type == "openreg" else None
+        return {
+            "seconds_per_step": seconds / steps,
+            "steps": steps,
+            "stats": stats,
+            "thread_cpu_per_step": cpu,
+        }
     times = []
     for _ in range(blocks):
         t0 = time.perf_counter()
@@ -422,7 +465,17 @@ def compare(name: str, rounds: int) -> dict:
     }
 
 
-def print_breakdown(name: str, result: dict) -> None:
+def print_thread_cpu(device: str, result: dict) -> None:
+    cpu = result["thread_cpu_per_step"]
+    parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(cpu.items()) if v > 0)
+    wall = result["seconds_per_step"]
+    print(
+        f"    {device}: {wall * 1e3:.2f} ms/step; CPU ms per step by thread: {parts} "
+        f"(sum {sum(cpu.values()) * 1e3:.1f}, {sum(cpu.values()) / wall:.2f} cores)"
+    )
+
+
+def print_breakdown(name: str, result: dict, cpu_result: dict) -> None:
     s = result["stats"]
     n = result["steps"]
     print(
@@ -442,6 +495,14 @@ def print_breakdown(name: str, result: dict) -> None:
             f"    results copied out of temporaries ({s['copied'] / n:.1f} calls): "
             + ", ".join(f"{op} {c / n:.2f}" for op, c in top)
         )
+    for device, r in (("openreg", result), ("cpu", cpu_result)):
+        print_thread_cpu(device, r)
+    own = result["thread_cpu_per_step"]
+    host = own.get("host", 0.0) + own.get("autograd", 0.0)
+    print(
+        f"    host share of openreg's step: {host / result['seconds_per_step']:.2f} "
+        "(on full cores, the most of a step that overlap can save)"
+    )
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -490,9 +551,13 @@ def main() -> None:
         print("lightning is not installed: its loop is skipped")
         names.remove("lightning")
     if args.breakdown:
-        print("where openreg's time goes (launch statistics over one block):")
+        print("where openreg's time goes (launch statistics and thread CPU over one block):")
         for name in names:
-            print_breakdown(name, run_fresh(name, "openreg", breakdown=True))
+            print_breakdown(
+                name,
+                run_fresh(name, "openreg", breakdown=True),
+                run_fresh(name, "cpu", breakdown=True),
+            )
         return
     rows = []
     print(f"{'loop':10} {'cpu ms/step':>12} {'openreg':>10} {'ratio':>7} {'range':>13} {'goal':>6}")
