@@ -75,14 +75,14 @@ struct OpTraits {
   // The out= variant of a structured or pointwise functional operator
   // (add.out for add.Tensor, mm.out for mm, sum.IntList_out for
   // sum.dim_IntList, where.self_out): same arguments plus one out tensor per
-  // result, with a CPU kernel. A
-  // queued call runs it on its pre-allocated results, so the CPU kernel
-  // writes them directly instead of into a host temporary: always for
-  // structured pointwise operators, whose out= kernels are their functional
-  // kernels and write an out of the result's shape and nothing else; for
-  // the others only where the first call of the signature showed that the
-  // out= kernel writes the same bytes in place (LaunchPlan::into_results:
-  // some use their out as scratch of another shape, as mse_loss.out does).
+  // result, with a CPU kernel. A queued call runs it on its pre-allocated
+  // results, so the CPU kernel writes them directly instead of into a host
+  // temporary: always for structured pointwise operators, whose out= kernels
+  // are their functional kernels and write an out of the result's shape and
+  // nothing else; for the others only where the first call of the signature
+  // showed that the out= kernel writes the same bytes in place
+  // (LaunchPlan::into_results: some use their out as scratch of another
+  // shape, as mse_loss.out does).
   std::optional<c10::OperatorHandle> out_variant;
   bool out_variant_pointwise = false;  // structured and pointwise
   // A _foreach_ operator whose only kernel is PyTorch's generic one, a loop
