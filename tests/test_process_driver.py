@@ -11,6 +11,7 @@ and compares values with the CPU. What the driver does not run yet raises NotImp
 
 import inspect
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -651,3 +652,40 @@ def test_a_device_warning_is_raised_at_the_next_synchronization(py, driver):
         assert len(out[key]) == 1, out
         category, message = out[key][0]
         assert category == "UserWarning" and message.startswith(text), out
+
+
+STREAM_WORKERS = """
+import json, os, torch, torch_openreg
+
+def threads():
+    return len(os.listdir(f"/proc/{device_pids()[0]}/task"))
+
+x = torch.randn(256, 256)
+d = x.to("openreg")
+(d @ d).sum().item()  # the device's pools exist, its OpenMP threads too
+before = threads()
+unused = [torch.openreg.Stream() for _ in range(8)]
+torch.openreg.synchronize()
+after_create = threads()
+side = torch.openreg.Stream()
+with torch.openreg.stream(side):
+    y = (d @ d).relu()
+side.synchronize()
+print(json.dumps({
+    "before": before, "after_create": after_create, "after_use": threads(),
+    "values": torch.allclose(y.cpu(), (x @ x).relu(), atol=1e-4),
+}))
+"""
+
+
+def test_a_stream_has_a_worker_in_the_device_process_once_it_is_used(py):
+    # The PyTorch layer makes its pools' streams at the device's first use
+    # (72 a device); the device process runs a worker only for those that
+    # received a command.
+    out = last_json(py(DEVICE_PIDS + STREAM_WORKERS, **PROCESS))
+    assert out["values"], out
+    assert out["before"] < 16, out  # the default stream's, not the pools'
+    assert out["after_create"] == out["before"], out
+    # The used stream's worker, with the OpenMP team its kernels start (one
+    # thread per further core).
+    assert out["before"] < out["after_use"] <= out["before"] + os.cpu_count(), out

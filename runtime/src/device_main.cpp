@@ -261,10 +261,12 @@ void run_worker(int index) {
   Worker& self = g_workers[index];
   uint64_t head = ring.completed.load(std::memory_order_acquire);
   // This idle stretch has had its spin. A new worker has run nothing yet,
-  // so it sleeps at once: a device starts a worker for every stream it is
-  // given, the pools' streams together, and their 146 first spins (2000
-  // polls, yielding after 100) kept two devices' idle workers runnable for
-  // seconds, preempting the busy stream's kernels 29,000 times a second.
+  // so it sleeps at once (the host wakes it with the first command): when
+  // the host started a worker for every stream it created, the pools'
+  // streams together, their 146 first spins (2000 polls, yielding after 100)
+  // kept two devices' idle workers runnable for seconds, preempting the busy
+  // stream's kernels. The host now starts a worker at a stream's first
+  // command (process_queue.cpp, push).
   bool spun = true;
   for (;;) {
     uint64_t tail = ring.tail.load(std::memory_order_acquire);

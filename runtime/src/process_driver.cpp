@@ -300,6 +300,7 @@ orError_t start(Runtime* rt, size_t pinned_capacity) {
     c.pinned_capacity = pinned_capacity;
     pd->ring_used[0] = true;  // the default stream's
     dev->default_stream->proc_ring_ = 0;
+    dev->default_stream->proc_started_ = true;  // the device starts ring 0's
   }
   for (auto& dev : rt->devices) {
     std::promise<int> promise;

@@ -51,13 +51,10 @@ orError_t stream_create(orStream* stream) {
   Ring& rg = pd.control->rings[ring];
   rg.error_state.store(0);
   stream->proc_tail_ = rg.tail.load();
-  orError_t err = request(pd, kStartStream, ring, 0, nullptr);
-  if (err != orSuccess) {
-    std::lock_guard<std::mutex> lock(pd.rings_mu);
-    pd.ring_used[ring] = false;
-    return err;
-  }
   stream->proc_ring_ = ring;
+  // The device process starts the ring's worker at the stream's first
+  // command (push): the PyTorch layer creates its pools' streams, 72 per
+  // device, at the device's first use, and most of them never run anything.
   return orSuccess;
 }
 
@@ -66,7 +63,13 @@ void stream_destroy(orStream* stream) {
   if (stream->proc_ring_ <= 0) {
     return;
   }
-  if (request(pd, kStopStream, stream->proc_ring_, 0, nullptr) == orSuccess) {
+  bool started = false;
+  {
+    std::lock_guard<std::mutex> lock(stream->proc_mu_);
+    started = stream->proc_started_;
+  }
+  if (!started ||
+      request(pd, kStopStream, stream->proc_ring_, 0, nullptr) == orSuccess) {
     std::lock_guard<std::mutex> lock(pd.rings_mu);
     pd.ring_used[stream->proc_ring_] = false;
   }  // else the device is lost: its ring is never reused
@@ -105,6 +108,12 @@ orError_t push(orStream* stream, const SlotHeader& header, const void* params,
   Ring& ring = of(dev).control->rings[stream->proc_ring_];
   std::lock_guard<std::mutex> lock(stream->proc_mu_);
   OR_RETURN_IF_ERROR(check_not_lost(dev));
+  if (!stream->proc_started_) {
+    // The stream's first command: the device process starts its worker.
+    OR_RETURN_IF_ERROR(
+        request(of(dev), kStartStream, stream->proc_ring_, 0, nullptr));
+    stream->proc_started_ = true;
+  }
   const uint64_t t = stream->proc_tail_;
   if (t >= kRingSlots) {
     // The slot is free once the command one lap back has completed. Wait

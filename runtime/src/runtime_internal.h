@@ -351,10 +351,12 @@ struct orStream {
   void run_function(Task& task);
 
   // Process driver: the stream's command ring in its device's control block
-  // (-1: none), and the commands pushed so far (under proc_mu_).
+  // (-1: none), the commands pushed so far and whether the device process
+  // runs the ring's worker yet (both under proc_mu_).
   int proc_ring_ = -1;
   std::mutex proc_mu_;
   uint64_t proc_tail_ = 0;
+  bool proc_started_ = false;
 
   std::mutex mu_;  // markers and idle(); guards the three fields below
   orError_t error_ = orSuccess;
