@@ -689,3 +689,49 @@ def test_a_stream_has_a_worker_in_the_device_process_once_it_is_used(py):
     # The used stream's worker, with the OpenMP team its kernels start (one
     # thread per further core).
     assert out["before"] < out["after_use"] <= out["before"] + os.cpu_count(), out
+
+
+IDLE_WAKEUPS = """
+import json, os, time, torch, torch_openreg
+
+def switches():
+    pid = device_pids()[0]
+    total = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                lines = f.read().splitlines()
+        except OSError:  # the thread ended meanwhile
+            continue
+        # voluntary_ctxt_switches and nonvoluntary_ctxt_switches
+        total[tid] = sum(int(line.split()[1]) for line in lines if "ctxt_switches:" in line)
+    return total
+
+x = torch.randn(256, 256)
+d = x.to("openreg")
+side = torch.openreg.Stream()
+with torch.openreg.stream(side):
+    y = (d @ d).relu()
+z = (d @ d).sum()
+torch.openreg.synchronize()
+time.sleep(0.3)  # past the workers' spin after their last command
+before = switches()
+time.sleep(1.0)
+after = switches()
+print(json.dumps({
+    "woken": {t: after[t] - before[t] for t in after if t in before},
+    "values": torch.allclose(y.cpu(), (x @ x).relu(), atol=1e-4)
+    and torch.allclose(z.cpu(), (x @ x).sum(), rtol=1e-4),
+}))
+"""
+
+
+def test_idle_stream_workers_of_a_device_process_sleep_until_a_command(py):
+    # Two used streams (their workers and OpenMP teams) and the process's
+    # main thread, idle for a second: the workers sleep without a timeout
+    # (each used to wake every 100 ms to look for a stop), the main thread
+    # waits for requests with a 1 s timeout.
+    out = last_json(py(DEVICE_PIDS + IDLE_WAKEUPS, **PROCESS))
+    assert out["values"], out
+    assert len(out["woken"]) >= 3, out
+    assert sum(out["woken"].values()) <= 4, out

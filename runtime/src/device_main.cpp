@@ -246,16 +246,19 @@ void run_command(Ring& ring, const Slot& slot) {
 struct Worker {
   std::thread thread;
   std::atomic<bool> stop{false};
+  std::atomic<uint32_t> exited{0};  // set by the worker as it returns
 };
 Worker g_workers[kMaxStreams];
 
 // A stream's worker: commands in ring order. When it runs out of commands
 // it spins briefly (the host often launches again at once), then announces
 // it sleeps and futex-waits on the ring's tail. It spins once per idle
-// stretch: a worker woken by its wait's timeout (to check `stop`) with still
-// nothing to do goes back to sleep at once. (Spinning again after every
-// timeout kept the 74 idle workers of a device runnable, yielding to each
-// other, at 100 % of a core per device process.)
+// stretch. It sleeps without a timeout: only a command or its stop wakes it
+// (kStopStream wakes it until it has returned, since a wake-up sent between
+// its last look at `stop` and its wait would be lost). (It used to wake
+// every 100 ms to look at `stop`; with a spin after every timeout that kept
+// the 74 idle workers of a device runnable, yielding to each other, at 100 %
+// of a core per device process.)
 void run_worker(int index) {
   Ring& ring = g_control->rings[index];
   Worker& self = g_workers[index];
@@ -281,12 +284,14 @@ void run_worker(int index) {
     }
     if (head == tail) {
       if (self.stop.load(std::memory_order_acquire)) {
+        self.exited.store(1, std::memory_order_release);
+        futex_wake(&self.exited);
         return;
       }
       ring.worker_sleeping.store(1, std::memory_order_seq_cst);
       tail = ring.tail.load(std::memory_order_seq_cst);
       if (head == tail) {
-        futex_wait(&ring.tail, static_cast<uint32_t>(tail), 100);
+        futex_wait_untimed(&ring.tail, static_cast<uint32_t>(tail));
       }
       ring.worker_sleeping.store(0, std::memory_order_relaxed);
       continue;
@@ -382,6 +387,7 @@ void serve(uint32_t request) {
         return;
       }
       g_workers[a0].stop.store(false);
+      g_workers[a0].exited.store(0);
       g_workers[a0].thread = std::thread(run_worker, a0);
       answer(orSuccess, nullptr);
       return;
@@ -391,7 +397,12 @@ void serve(uint32_t request) {
         return;
       }
       g_workers[a0].stop.store(true, std::memory_order_release);
-      futex_wake(&g_control->rings[a0].tail);
+      // The worker may have looked at `stop` just before and not be waiting
+      // yet, which loses a wake-up: wake it until it has returned.
+      while (g_workers[a0].exited.load(std::memory_order_acquire) == 0) {
+        futex_wake(&g_control->rings[a0].tail);
+        futex_wait(&g_workers[a0].exited, 0, 1);
+      }
       g_workers[a0].thread.join();
       answer(orSuccess, nullptr);
       return;

@@ -175,6 +175,11 @@ inline void futex_wait(const void* word, uint32_t expected, long timeout_ms) {
   syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 
+// futex_wait without a timeout: until a futex_wake (or a signal).
+inline void futex_wait_untimed(const void* word, uint32_t expected) {
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, nullptr, nullptr, 0);
+}
+
 // Wakes every thread of any process waiting on `word`.
 inline void futex_wake(const void* word) {
   syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
