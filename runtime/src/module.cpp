@@ -110,7 +110,6 @@ void orStream::run_function(Task& task) {
   ctx.describe = &describe;
   ctx.warn = &warn;
   const int status = task.function->fn(task.params.get(), task.bytes, &ctx);
-  task.params.reset();
   if (status != 0) {
     std::string message =
         call.reported ? call.message
@@ -238,12 +237,7 @@ orError_t orLaunchFunction(orStream_t stream, orFunction_t function,
   if (stream->proc_ring_ >= 0) {
     return proc::launch(stream, function, params, bytes);
   }
-  std::unique_ptr<char[]> copy;
-  if (bytes != 0) {
-    copy.reset(new char[bytes]);
-    std::memcpy(copy.get(), params, bytes);
-  }
-  stream->enqueue_function(function, std::move(copy), bytes, attrs.hostThreads);
+  stream->enqueue_function(function, params, bytes, attrs.hostThreads);
   return orSuccess;
 }
 

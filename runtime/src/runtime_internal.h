@@ -256,6 +256,9 @@ struct orStream {
   // How many tasks must have drained before a launch that found the ring
   // full goes on (see push()).
   static constexpr uint64_t kRefill = kCapacity / 4;
+  // A slot keeps a named kernel's parameter buffer for its next launch up
+  // to this size (at most kCapacity * kKeptParams bytes per stream).
+  static constexpr size_t kKeptParams = 4096;
 
   orStream(Device* dev, int priority, bool is_default);
   ~orStream();
@@ -271,9 +274,10 @@ struct orStream {
   // Appends a launched kernel (orLaunchKernelEx): no allocation.
   // `host_threads` is orLaunchAttributes::hostThreads.
   void enqueue_kernel(orKernelFn fn, void* user_data, int host_threads);
-  // Appends a named kernel (orLaunchFunction) with its parameter bytes.
-  void enqueue_function(orFunction_t fn, std::unique_ptr<char[]> params,
-                        size_t bytes, int host_threads);
+  // Appends a named kernel (orLaunchFunction) with a copy of its parameter
+  // bytes, made in the slot's own buffer (see Task::params).
+  void enqueue_function(orFunction_t fn, const void* params, size_t bytes,
+                        int host_threads);
   // Appends a marker (an event record): when the worker reaches it, `signal`
   // runs under the stream's lock in the same step that counts it completed,
   // so "the event completed" and "the stream is idle" are never observed to
@@ -295,7 +299,13 @@ struct orStream {
     orKernelFn kernel = nullptr;  // a launched kernel and its argument
     void* user_data = nullptr;
     orFunction_t function = nullptr;  // or a named kernel and its bytes
+    // A named kernel's parameter bytes. The buffer belongs to the slot and
+    // outlives the task: the next launch through the slot copies into it
+    // (a buffer allocated by the launching thread and freed by the worker
+    // made the two threads contend for the allocator's arena lock at every
+    // launch). Buffers above kKeptParams are freed after their task.
     std::unique_ptr<char[]> params;
+    size_t params_capacity = 0;
     size_t bytes = 0;
     bool marker = false;  // see enqueue_marker
     // The kernel may keep host threads besides the worker busy (its
@@ -311,6 +321,13 @@ struct orStream {
   enum WorkerState : int { kNoWorker, kRunning, kSleeping };
 
   void push(Task task);
+  // Claims the next ticket's slot, waiting while the ring is full; publish()
+  // hands the filled slot to the worker.
+  Slot& claim(uint64_t* ticket);
+  void publish(Slot& slot, uint64_t ticket);
+  // The worker, after running the slot's task: clears it (keeping its
+  // parameter buffer) and frees the slot for ticket head_ + kCapacity.
+  void release(Slot& slot);
   void run();
   // Blocks until `completed_ >= target` (spins briefly first).
   void wait_completed(uint64_t target);

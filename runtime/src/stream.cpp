@@ -4,6 +4,7 @@
 #include <cfenv>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 
 #include "runtime_internal.h"
 
@@ -61,14 +62,24 @@ void orStream::enqueue_kernel(orKernelFn fn, void* user_data,
   push(std::move(t));
 }
 
-void orStream::enqueue_function(orFunction_t fn, std::unique_ptr<char[]> params,
+void orStream::enqueue_function(orFunction_t fn, const void* params,
                                 size_t bytes, int host_threads) {
-  Task t;
+  uint64_t ticket = 0;
+  Slot& slot = claim(&ticket);
+  Task& t = slot.task;
   t.function = fn;
-  t.params = std::move(params);
   t.bytes = bytes;
   t.host_threads = host_threads != 1;
-  push(std::move(t));
+  if (bytes > t.params_capacity) {
+    // Rounded up so that launches of similar sizes reuse the buffer.
+    const size_t capacity = (bytes + 255) & ~size_t{255};
+    t.params.reset(new char[capacity]);
+    t.params_capacity = capacity;
+  }
+  if (bytes != 0) {
+    std::memcpy(t.params.get(), params, bytes);
+  }
+  publish(slot, ticket);
 }
 
 void orStream::enqueue_marker(std::function<void()> signal) {
@@ -82,18 +93,33 @@ void orStream::enqueue_marker(std::function<void()> signal) {
 // A launch: claim a ticket, fill its slot, publish it, make sure a worker
 // will see it. No lock unless the worker sleeps or must be started.
 void orStream::push(Task task) {
-  const uint64_t ticket = tail_.fetch_add(1, std::memory_order_acq_rel);
-  Slot& slot = ring_[ticket % kCapacity];
-  while (slot.seq.load(std::memory_order_acquire) != ticket) {
-    // The ring is full: the worker frees this slot when it takes the task
+  uint64_t ticket = 0;
+  Slot& slot = claim(&ticket);
+  // The slot's parameter buffer stays with the slot.
+  std::unique_ptr<char[]> params = std::move(slot.task.params);
+  const size_t capacity = slot.task.params_capacity;
+  slot.task = std::move(task);
+  slot.task.params = std::move(params);
+  slot.task.params_capacity = capacity;
+  publish(slot, ticket);
+}
+
+orStream::Slot& orStream::claim(uint64_t* ticket) {
+  *ticket = tail_.fetch_add(1, std::memory_order_acq_rel);
+  Slot& slot = ring_[*ticket % kCapacity];
+  while (slot.seq.load(std::memory_order_acquire) != *ticket) {
+    // The ring is full: the worker frees this slot when it has run the task
     // one lap back, which has finished once the count passes it. The
     // launcher waits until a quarter of the ring has drained, not just its
     // slot: a host far ahead of the device then wakes once per kRefill
     // tasks rather than at every task the worker finishes (each wake takes
     // a core from the kernel running then, a stall for an OpenMP team).
-    wait_completed(ticket + 1 - kCapacity + kRefill);
+    wait_completed(*ticket + 1 - kCapacity + kRefill);
   }
-  slot.task = std::move(task);
+  return slot;
+}
+
+void orStream::publish(Slot& slot, uint64_t ticket) {
   slot.seq.store(ticket + 1, std::memory_order_release);
   wake_worker();
 }
@@ -264,15 +290,14 @@ void orStream::run() {
       }
       worker_state_.store(kRunning, std::memory_order_relaxed);
     }
-    Task task = std::move(slot.task);
-    slot.task.fn = nullptr;
-    slot.seq.store(head_ + kCapacity, std::memory_order_release);  // free
-    ++head_;
+    // The task runs in its slot, which is handed back after it (the slot
+    // keeps its parameter buffer for the next launch through it).
+    Task& task = slot.task;
     if (task.marker) {
       // Signalled and counted in one critical section (see enqueue_marker).
       std::lock_guard<std::mutex> lock(mu_);
       task.fn();
-      task.fn = nullptr;
+      release(slot);
       notify_waiters(completed_.fetch_add(1, std::memory_order_seq_cst) + 1);
       continue;
     }
@@ -280,8 +305,6 @@ void orStream::run() {
       // A lost device runs nothing more: the task is dropped (a kernel's
       // user_data is not handed back; whoever waits sees
       // orErrorDeviceLost).
-      task.fn = nullptr;
-      task.params.reset();
     } else if (task.kernel != nullptr) {
       may_hold_threads = may_hold_threads || task.host_threads;
       if (task.kernel(task.user_data) != 0) {
@@ -292,10 +315,30 @@ void orStream::run() {
       run_function(task);
     } else {
       task.fn();
-      task.fn = nullptr;  // release captures before reporting completion
     }
+    // Captures are released before the task counts as completed.
+    release(slot);
     notify_waiters(completed_.fetch_add(1, std::memory_order_seq_cst) + 1);
   }
+}
+
+void orStream::release(Slot& slot) {
+  Task& task = slot.task;
+  task.fn = nullptr;
+  task.kernel = nullptr;
+  task.user_data = nullptr;
+  task.function = nullptr;
+  task.bytes = 0;
+  task.marker = false;
+  task.host_threads = false;
+  if (task.params_capacity > kKeptParams) {
+    task.params.reset();
+    task.params_capacity = 0;
+  }
+  // Before the count: a launcher waiting for room sees the slot free once
+  // the count has passed it.
+  slot.seq.store(head_ + kCapacity, std::memory_order_release);
+  ++head_;
 }
 // [/doc:stream-worker]
 

@@ -214,6 +214,35 @@ TEST_F(ModuleTest, LargestParameterBlockArrives) {
             got);
 }
 
+TEST_F(ModuleTest, ParameterBlocksOfChangingSizesArriveIntactOverManyLaunches) {
+  // More launches than a stream queues at once, of sizes that grow, shrink
+  // and cross every few KiB (a driver may reuse its copies' memory between
+  // launches): each kernel hashes the bytes it was given.
+  constexpr size_t kLaunches = 3000;
+  PinnedWords result(2 * kLaunches);  // one uint64 per launch
+  StreamHandle stream;
+  std::vector<uint64_t> expected(kLaunches);
+  std::vector<unsigned char> params;
+  for (size_t k = 0; k < kLaunches; ++k) {
+    const size_t data = (k * 977) % (k % 7 == 0 ? 9000 : 600);
+    params.assign(sizeof(OrTestChecksumHeader) + data, 0);
+    OrTestChecksumHeader h{result.address(2 * k)};
+    std::memcpy(params.data(), &h, sizeof(h));
+    for (size_t i = 0; i < data; ++i) {
+      params[sizeof(h) + i] = static_cast<unsigned char>(i * 31 + k);
+    }
+    expected[k] = or_test_fnv1a(params.data() + sizeof(h), data);
+    OR_ASSERT_OK(orLaunchFunction(stream.get(), Function("or_test_checksum"),
+                                  params.data(), params.size(), nullptr));
+  }
+  OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+  for (size_t k = 0; k < kLaunches; ++k) {
+    uint64_t got = 0;
+    std::memcpy(&got, const_cast<uint32_t*>(&result[2 * k]), sizeof(got));
+    ASSERT_EQ(expected[k], got) << "launch " << k;
+  }
+}
+
 // Streams and events with named kernels: what every driver must do,
 // including one whose kernels cannot be host functions.
 
