@@ -45,7 +45,7 @@ class Encoder {
       }
     }
     tensors_.push_back(
-        {t.defined() ? t.unsafeGetTensorImpl() : nullptr, t, written});
+        {t.defined() ? t.unsafeGetTensorImpl() : nullptr, &t, written});
     return static_cast<int>(tensors_.size() - 1);
   }
 
@@ -129,10 +129,10 @@ class Encoder {
     c10::SmallVector<const c10::StorageImpl*, 4> storages;
     c10::SmallVector<call::StorageRecord, 4> records;
     for (const Entry& e : tensors_) {
-      if (!e.tensor.defined() || !is_openreg(e.tensor)) {
+      if (!e.tensor->defined() || !is_openreg(*e.tensor)) {
         continue;
       }
-      const c10::Storage& s = e.tensor.storage();
+      const c10::Storage& s = e.tensor->storage();
       bool seen = false;
       for (const c10::StorageImpl* impl : storages) {
         seen = seen || impl == s.unsafeGetStorageImpl();
@@ -147,14 +147,14 @@ class Encoder {
     }
     if (tensors_out != nullptr) {
       for (const Entry& e : tensors_) {
-        tensors_out->push_back(e.tensor);
+        tensors_out->push_back(*e.tensor);
       }
     }
     for (const call::StorageRecord& r : records) {
       w.put(r);
     }
     for (const Entry& e : tensors_) {
-      const at::Tensor& t = e.tensor;
+      const at::Tensor& t = *e.tensor;
       call::TensorRecord rec{};
       if (!t.defined()) {
         rec.flags = call::kUndefined;
@@ -210,7 +210,10 @@ class Encoder {
  private:
   struct Entry {
     const c10::TensorImpl* impl;  // nullptr: an undefined tensor
-    at::Tensor tensor;
+    // The call's own argument or result, alive while the call is encoded:
+    // not a copy, which would take the GIL for a tensor only Python holds
+    // (OpenRegBorrowedStack.h).
+    const at::Tensor* tensor;
     bool written;
   };
 
