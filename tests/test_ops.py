@@ -813,3 +813,39 @@ def test_structured_ops_queued_match_cpu(name):
     for actual in results:
         assert_on_device(actual, "openreg")
         assert_close_cpu(actual, expected)
+
+
+# The structured operators reach the fallback through unboxed entries
+# (csrc/aten/fallback/OpenRegUnboxedEntry.cpp) whose stack borrows the tensor
+# arguments instead of counting references to them. Every path (the first,
+# synchronous call of a signature, the queued calls, an error at the call)
+# must leave the arguments' reference counts as they were and give the CPU's
+# values.
+def test_unboxed_entries_borrow_arguments_and_match_cpu():
+    for op in ("aten::add.Tensor", "aten::add_.Tensor", "aten::mul.Tensor", "aten::addmm"):
+        [kernel] = [
+            line
+            for line in torch._C._dispatch_dump(op).splitlines()
+            if line.startswith("PrivateUse1:")
+        ]
+        assert "unboxed" in kernel, kernel
+    a, b, c = randn(6, 5), randn(6, 5, seed=1), randn(5, 4, seed=2)
+    da, db, dc = (t.to("openreg") for t in (a, b, c))
+    counts = [t._use_count() for t in (da, db, dc)]
+    for _ in range(3):  # learned, then queued
+        assert_close_cpu(da + db, a + b)
+        assert_close_cpu(torch.mul(da, db), a * b)
+        assert_close_cpu(
+            torch.addmm(db[:, :4], da, dc, beta=0.5, alpha=2.0),
+            torch.addmm(b[:, :4], a, c, beta=0.5, alpha=2.0),
+        )
+        out = da.clone()
+        assert out.add_(db, alpha=3.0) is out
+        assert_close_cpu(out, a + 3.0 * b)
+        with pytest.raises(RuntimeError, match="same device"):
+            da + b  # a CPU tensor that is not a scalar
+        with pytest.raises(RuntimeError, match="alpha must not be a floating point"):
+            torch.add(da.long(), db.long(), alpha=1.5)
+        assert [t._use_count() for t in (da, db, dc)] == counts
+    torch.openreg.synchronize()
+    assert [t._use_count() for t in (da, db, dc)] == counts

@@ -41,6 +41,7 @@
 
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
+#include "aten/fallback/OpenRegBorrowedStack.h"
 #include "aten/fallback/OpenRegDescribedCall.h"
 #include "aten/fallback/OpenRegFallbackLog.h"
 #include "aten/fallback/OpenRegIValue.h"
@@ -408,7 +409,11 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
 }
 
 // [doc:fallback-dispatch]
-void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+// `borrowed`: the call came through an unboxed entry (OpenRegUnboxedEntry),
+// and `stack` is its stack, whose tensor arguments are borrowed. The queued
+// path only reads the arguments; every other path owns them first.
+void fallback_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                   BorrowedStack* borrowed) {
   const OpTraits& traits = op_traits(op);
   TORCH_CHECK_NOT_IMPLEMENTED(
       traits.has_cpu_kernel, "The operator '", traits.display_name,
@@ -421,6 +426,9 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     // CUDA's foreach kernels do when they cannot launch a list at once: the
     // generic loop (the kernel the CPU's dispatch entry holds) on the
     // device tensors themselves, each operator dispatched and checked alone.
+    if (borrowed != nullptr) {
+      borrowed->own();
+    }
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
     return;
   }
@@ -431,17 +439,62 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   LaunchDecision decision = plan_launch(traits, *stack);
   if (decision.kind == LaunchDecision::kQueue) {
     stats::count(stats::kQueued);
-    run_queued(op, traits, decision.plan, stack, device);
+    c10::SmallVector<c10::IValue, 4> results;
+    run_queued(op, traits, decision.plan, *stack, device, &results);
+    // An in-place or out= result is the argument itself: borrowed again
+    // when the argument is.
+    const size_t first = stack->size() - num_args;
+    c10::SmallVector<bool, 4> is_borrow(results.size(), false);
+    if (borrowed != nullptr) {
+      borrowed->reserve(stack->size() + results.size());
+    }
+    for (size_t r = 0; r < results.size(); ++r) {
+      const int arg = decision.plan->outputs[r].arg;
+      if (arg < 0) {
+        continue;
+      }
+      const size_t index = first + static_cast<size_t>(arg);
+      if (borrowed != nullptr && borrowed->is_borrowed(index)) {
+        results[r] = borrowed->borrow(index);
+        is_borrow[r] = true;
+      } else {
+        results[r] = (*stack)[index];
+      }
+    }
+    if (borrowed != nullptr) {
+      borrowed->drop_front(first + num_args);
+      for (size_t r = 0; r < results.size(); ++r) {
+        borrowed->push_result(std::move(results[r]), is_borrow[r]);
+      }
+      return;
+    }
+    torch::jit::drop(*stack, num_args);
+    for (c10::IValue& r : results) {
+      stack->push_back(std::move(r));
+    }
     return;
+  }
+  if (borrowed != nullptr) {
+    borrowed->own();
   }
   stats::count_op(decision.kind == LaunchDecision::kLearn ? stats::kLearned
                                                           : stats::kSynchronous,
                   traits.display_name.c_str());
   run_synchronously(op, traits, stack, device, std::move(decision));
 }
+
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  fallback_call(op, stack, nullptr);
+}
 // [/doc:fallback-dispatch]
 
 }  // namespace
+
+void fallback_borrowed(const c10::OperatorHandle& op, BorrowedStack& stack) {
+  // Only fallback_call() receives the stack as a vector, and it owns it
+  // before anything that would change a borrowed entry.
+  fallback_call(op, const_cast<torch::jit::Stack*>(&stack.stack()), &stack);
+}
 
 // [doc:fallback-register]
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
@@ -510,8 +563,11 @@ int route_generic_ops_to_fallback() {
     if (!name.overload_name.empty()) {
       short_name += "." + name.overload_name;
     }
-    library->impl(short_name.c_str(),
-                  torch::CppFunction::makeFromBoxedFunction<&fallback>());
+    if (!unboxed_entries_enabled() ||
+        !register_unboxed_entry(*library, short_name.c_str(), *op)) {
+      library->impl(short_name.c_str(),
+                    torch::CppFunction::makeFromBoxedFunction<&fallback>());
+    }
     ++routed;
   }
   return routed;

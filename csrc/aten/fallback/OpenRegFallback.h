@@ -2,8 +2,10 @@
 // OpenRegLayoutFallback.cpp for sparse and nested ones).
 #pragma once
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
+#include <torch/library.h>
 
 #include "aten/fallback/OpenRegOpTraits.h"
 
@@ -15,6 +17,23 @@ namespace openreg {
 // table allows them).
 c10::Device find_device(const OpTraits& traits,
                         c10::ArrayRef<c10::IValue> args);
+
+class BorrowedStack;
+
+// The global fallback for a call whose tensor arguments are borrowed
+// (OpenRegBorrowedStack.h), from an unboxed entry: leaves the results on
+// `stack`.
+void fallback_borrowed(const c10::OperatorHandle& op, BorrowedStack& stack);
+
+// Whether routed operators get unboxed entries (OPENREG_UNBOXED_ENTRIES=0
+// turns them off, for comparison; default: on).
+bool unboxed_entries_enabled();
+
+// Registers, for `op`, an unboxed kernel that calls fallback_borrowed(),
+// when its schema is one of the signatures OpenRegUnboxedEntry.cpp knows;
+// returns false otherwise (the boxed fallback is registered instead).
+bool register_unboxed_entry(torch::Library& library, const char* name,
+                            const c10::OperatorHandle& op);
 
 // Registers the layout fallback for every aten operator the CPU runs for a
 // sparse or nested layout (OpenRegLayoutFallback.cpp); returns how many.

@@ -164,12 +164,13 @@ void run_queued_kernel(QueuedCall& call) {
 // here, at the call; only the CPU kernel is queued.
 void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
                 const std::shared_ptr<const LaunchPlan>& plan,
-                torch::jit::Stack* stack, c10::Device device) {
+                const torch::jit::Stack& stack, c10::Device device,
+                c10::SmallVectorImpl<c10::IValue>* results) {
   const size_t num_args = traits.writes.size();
-  const size_t first = stack->size() - num_args;
+  const size_t first = stack.size() - num_args;
   if ((traits.policy & kScalarMustFitSelf) != 0) {
     check_scalars_fit_self(
-        c10::ArrayRef<c10::IValue>(*stack).slice(first, num_args));
+        c10::ArrayRef<c10::IValue>(stack).slice(first, num_args));
   }
   for (const c10::Warning& w : plan->warnings) {
     c10::warn(w);
@@ -177,7 +178,7 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
   // out= arguments take their final shape now, as the CPU kernel would
   // resize them.
   for (const auto& [i, spec] : plan->written) {
-    const at::Tensor& t = (*stack)[first + static_cast<size_t>(i)].toTensor();
+    const at::Tensor& t = stack[first + static_cast<size_t>(i)].toTensor();
     if (t.sizes() != c10::IntArrayRef(spec.sizes) ||
         t.strides() != c10::IntArrayRef(spec.strides)) {
       resize_impl(t.unsafeGetTensorImpl(), spec.sizes, spec.strides);
@@ -190,7 +191,7 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
   call->plan = plan;
   // New results, allocated now from the device allocator (the device guard
   // is set), as CUDA's kernels allocate theirs: not through the dispatcher.
-  c10::SmallVector<c10::IValue, 4> results;
+  results->clear();
   for (size_t r = 0; r < plan->outputs.size(); ++r) {
     const LaunchPlan::Output& out = plan->outputs[r];
     auto make = [&](size_t k) {
@@ -204,22 +205,22 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
       return t;
     };
     if (out.arg >= 0) {
-      results.push_back((*stack)[first + static_cast<size_t>(out.arg)]);
+      results->emplace_back();  // the caller's argument
     } else if (out.is_list) {
       c10::List<at::Tensor> list;
       for (size_t k = 0; k < out.tensors.size(); ++k) {
         list.push_back(make(k));
       }
-      results.emplace_back(std::move(list));
+      results->emplace_back(std::move(list));
     } else if (out.tensors.empty()) {
-      results.emplace_back(at::Tensor());
+      results->emplace_back(at::Tensor());
     } else {
-      results.emplace_back(make(0));
+      results->emplace_back(make(0));
     }
   }
   // Random ops reserve their draw now, in program order; the kernel makes
   // its generator from it when it runs.
-  const c10::ArrayRef<c10::IValue> args(stack->data() + first, num_args);
+  const c10::ArrayRef<c10::IValue> args(stack.data() + first, num_args);
   for (size_t i = 0; i < num_args; ++i) {
     if (traits.generator[i]) {
       std::optional<at::Generator> gen;
@@ -263,7 +264,7 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
         " bytes, a non-strided device tensor or a symbolic size), and the "
         "driver runs named kernels only (OPENREG_DRIVER=process)");
     stats::count_op(stats::kCaptured, traits.display_name.c_str());
-    capture_arguments(*stack, traits, call->args);
+    capture_arguments(stack, traits, call->args);
     for (const at::Tensor& t : new_results) {
       call->results.emplace_back(t);
     }
@@ -286,10 +287,6 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits,
     launch_async(
         device.index(), traits.display_name,
         [call = std::move(call)] { run_queued_kernel(*call); }, plan->elements);
-  }
-  torch::jit::drop(*stack, num_args);
-  for (c10::IValue& r : results) {
-    stack->push_back(std::move(r));
   }
 }
 // [/doc:fallback-queued]
