@@ -14,7 +14,7 @@
 // Rules for whoever receives the stack: read the arguments, copy them (a
 // copy is a real reference), but neither pop, assign nor move a borrowed
 // entry: call own() first, which turns every entry into a real reference,
-// or drop_arguments(). The unboxed entries (OpenRegUnboxedEntry.cpp) build
+// or drop_front(). The unboxed entries (OpenRegUnboxedEntry.cpp) build
 // it; the fallback (OpenRegFallback.cpp) keeps it borrowed on the queued
 // path and owns it before any other.
 #pragma once
