@@ -66,11 +66,6 @@ class BorrowedStack {
   }
 
   const torch::jit::Stack& stack() const { return stack_; }
-  // For a receiver that will pop, assign or keep entries: own() first.
-  torch::jit::Stack* owned_stack() {
-    own();
-    return &stack_;
-  }
   size_t size() const { return stack_.size(); }
   bool is_borrowed(size_t index) const { return borrowed_[index]; }
 
