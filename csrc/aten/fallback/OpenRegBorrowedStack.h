@@ -26,15 +26,32 @@
 #include <c10/util/SmallVector.h>
 
 #include <utility>
+#include <vector>
 
 namespace openreg {
 
 class BorrowedStack {
  public:
-  BorrowedStack() = default;
+  // The vector comes from the thread's spares, and goes back to them: a
+  // warm call allocates none.
+  BorrowedStack() {
+    Spares& spares = thread_spares();
+    if (!spares.empty()) {
+      stack_ = std::move(spares.back());
+      spares.pop_back();
+    }
+  }
   BorrowedStack(const BorrowedStack&) = delete;
   BorrowedStack& operator=(const BorrowedStack&) = delete;
-  ~BorrowedStack() { forget_borrowed(); }
+  ~BorrowedStack() {
+    forget_borrowed();
+    stack_.clear();
+    Spares& spares = thread_spares();
+    // Room reserved when the spares were made: giving back never allocates.
+    if (spares.size() < spares.capacity() && stack_.capacity() <= kMaxSpare) {
+      spares.push_back(std::move(stack_));
+    }
+  }
 
   // A tensor argument: borrowed. Undefined tensors hold no reference.
   void push(const at::Tensor& t) {
@@ -110,6 +127,20 @@ class BorrowedStack {
         c10::MaybeOwnedTraits<c10::IValue>::destroyBorrow(stack_[i]);
       }
     }
+  }
+
+  // At most this many vectors of at most kMaxSpare entries are kept per
+  // thread (a call inside a call takes a second one).
+  static constexpr size_t kSpares = 4;
+  static constexpr size_t kMaxSpare = 32;
+  using Spares = std::vector<torch::jit::Stack>;
+  static Spares& thread_spares() {
+    thread_local Spares spares = [] {
+      Spares s;
+      s.reserve(kSpares);
+      return s;
+    }();
+    return spares;
   }
 
   torch::jit::Stack stack_;

@@ -5,8 +5,11 @@
 #include <c10/util/SmallVector.h>
 #include <openreg.h>
 
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
+#include <type_traits>
 
 #include "aten/fallback/OpenRegIValue.h"
 #include "aten/fallback/OpenRegLaunchPlan.h"
@@ -17,9 +20,50 @@ namespace {
 
 using call::Tag;
 
+// Appends to a buffer of OR_MAX_KERNEL_PARAMS bytes, the most a call may
+// take: what does not fit is a call the format cannot carry. A fixed-size
+// value is one bounds check and a copy the compiler inlines, where
+// appending to a std::vector (call::Writer) costs a range insert each: a
+// queued call writes some thirty values.
+class Bytes {
+ public:
+  static constexpr size_t kCapacity = OR_MAX_KERNEL_PARAMS;
+
+  explicit Bytes(uint8_t* data) : data_(data) {}
+
+  template <typename T>
+  void put(const T& value) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    put_bytes(&value, sizeof(T));
+  }
+  void put_bytes(const void* p, size_t n) {
+    if (n > kCapacity - size_) {
+      overflow_ = true;
+      return;
+    }
+    std::memcpy(data_ + size_, p, n);
+    size_ += n;
+  }
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool overflow() const { return overflow_; }
+
+ private:
+  uint8_t* data_;
+  size_t size_ = 0;
+  bool overflow_ = false;
+};
+
+// The calling thread's two buffers (the arguments, then the tables), made
+// on its first call.
+struct Scratch {
+  std::unique_ptr<uint8_t[]> body{new uint8_t[Bytes::kCapacity]};
+  std::unique_ptr<uint8_t[]> tables{new uint8_t[Bytes::kCapacity]};
+};
+
 class Encoder {
  public:
-  explicit Encoder(std::vector<uint8_t>& out) : w_(out) {}
+  explicit Encoder(Bytes& out) : w_(out) {}
 
   // The tensor's index in the call's tensor table, which it joins once per
   // TensorImpl; -1 if the format cannot carry it.
@@ -84,10 +128,10 @@ class Encoder {
       w_.put(static_cast<int8_t>(v.toDevice().index()));
     } else if (v.isIntList()) {
       put(Tag::kIntList);
-      array(v.toIntList().vec());
+      array<int64_t>(v.toListRef());
     } else if (v.isDoubleList()) {
       put(Tag::kDoubleList);
-      array(v.toDoubleList().vec());
+      array<double>(v.toListRef());
     } else if (v.isBoolList()) {
       put(Tag::kBoolList);
       const c10::List<bool> list = v.toBoolList();
@@ -121,11 +165,8 @@ class Encoder {
 
   // The storage and tensor tables, which the decoder reads before the
   // arguments: written once every argument is known.
-  bool tables(std::vector<uint8_t>& head,
-              std::vector<c10::Storage>* storages_out,
+  bool tables(Bytes& w, std::vector<c10::Storage>* storages_out,
               std::vector<at::Tensor>* tensors_out) {
-    head.clear();
-    call::Writer w(head);
     c10::SmallVector<const c10::StorageImpl*, 4> storages;
     c10::SmallVector<call::StorageRecord, 4> records;
     for (const Entry& e : tensors_) {
@@ -161,7 +202,9 @@ class Encoder {
         w.put(rec);
         continue;
       }
-      at::Tensor cpu;
+      // A CPU tensor's dense form: itself, or a contiguous copy.
+      const at::Tensor* cpu = nullptr;
+      at::Tensor contiguous;
       if (is_openreg(t)) {
         const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
         while (storages[rec.storage] != impl) {
@@ -170,10 +213,14 @@ class Encoder {
         rec.storage_offset = t.storage_offset();
       } else {
         // A snapshot of a CPU tensor: its dense bytes, element 0 first.
-        cpu = t.is_non_overlapping_and_dense() ? t : t.contiguous();
+        cpu = &t;
+        if (!t.is_non_overlapping_and_dense()) {
+          contiguous = t.contiguous();
+          cpu = &contiguous;
+        }
         rec.storage = call::kInlineStorage;
       }
-      const at::Tensor& shape = cpu.defined() ? cpu : t;
+      const at::Tensor& shape = cpu != nullptr ? *cpu : t;
       rec.dtype = static_cast<uint8_t>(t.scalar_type());
       rec.flags =
           (t.is_conj() ? call::kConj : 0) | (t.is_neg() ? call::kNeg : 0) |
@@ -188,20 +235,20 @@ class Encoder {
       for (int64_t s : shape.strides()) {
         w.put(s);
       }
-      if (cpu.defined()) {
-        const uint64_t nbytes = cpu.nbytes();
+      if (cpu != nullptr) {
+        const uint64_t nbytes = cpu->nbytes();
         if (nbytes > OR_MAX_KERNEL_PARAMS) {
           return false;
         }
         w.put(nbytes);
-        w.put_bytes(cpu.const_data_ptr(), nbytes);
+        w.put_bytes(cpu->const_data_ptr(), nbytes);
       }
     }
     if (storages.size() >= call::kInlineStorage) {
       return false;
     }
     n_storages_ = static_cast<uint16_t>(storages.size());
-    return true;
+    return !w.overflow();
   }
 
   uint16_t n_storages() const { return n_storages_; }
@@ -252,15 +299,22 @@ class Encoder {
     return true;
   }
 
+  // A list of ints or doubles, its elements read in place.
   template <typename T>
-  void array(const std::vector<T>& values) {
+  void array(c10::ArrayRef<c10::IValue> values) {
     w_.put(static_cast<uint32_t>(values.size()));
-    w_.put_bytes(values.data(), values.size() * sizeof(T));
+    for (const c10::IValue& v : values) {
+      if constexpr (std::is_same_v<T, double>) {
+        w_.put(v.toDouble());
+      } else {
+        w_.put(v.toInt());
+      }
+    }
   }
 
   void put(Tag tag) { w_.put(tag); }
 
-  call::Writer w_;
+  Bytes& w_;
   c10::SmallVector<Entry, 4> tensors_;
   uint16_t n_storages_ = 0;
 };
@@ -272,10 +326,9 @@ bool encode_call(const CallToEncode& c, std::vector<uint8_t>& out) {
   TORCH_INTERNAL_ASSERT(c.results.size() == c.result_slots.size());
   out.clear();
   // The arguments and results first (they build the tensor table), then the
-  // tables; kept per thread, so that a warm call allocates nothing.
-  thread_local std::vector<uint8_t> body;
-  thread_local std::vector<uint8_t> tables;
-  body.clear();
+  // tables; in the thread's buffers, so that a warm call allocates nothing.
+  thread_local Scratch scratch;
+  Bytes body(scratch.body.get());
   Encoder enc(body);
   for (size_t i = 0; i < c.args.size(); ++i) {
     bool drawn = false;
@@ -304,9 +357,8 @@ bool encode_call(const CallToEncode& c, std::vector<uint8_t>& out) {
                        static_cast<int16_t>(c.result_slots[k].second),
                        static_cast<uint16_t>(t)});
   }
-  call::Writer tail(body);
   for (const call::ResultRecord& r : results) {
-    tail.put(r);
+    body.put(r);
   }
   if (c.storages != nullptr) {
     c.storages->clear();
@@ -314,7 +366,8 @@ bool encode_call(const CallToEncode& c, std::vector<uint8_t>& out) {
   if (c.tensors != nullptr) {
     c.tensors->clear();
   }
-  if (!enc.tables(tables, c.storages, c.tensors)) {
+  Bytes tables(scratch.tables.get());
+  if (body.overflow() || !enc.tables(tables, c.storages, c.tensors)) {
     return false;
   }
   const c10::FunctionSchema& schema = c.op->schema();
@@ -338,17 +391,30 @@ bool encode_call(const CallToEncode& c, std::vector<uint8_t>& out) {
   h.n_results = static_cast<uint16_t>(results.size());
   h.n_known_warnings =
       static_cast<uint16_t>(c.forward_warnings ? c.known_warnings.size() : 0);
-  call::Writer w(out);
-  w.put(h);
-  w.put_bytes(name.data(), name.size());
-  w.put_bytes(overload.data(), overload.size());
+  const size_t total = sizeof(h) + name.size() + overload.size() +
+                       h.n_known_warnings * sizeof(uint64_t) + tables.size() +
+                       body.size();
+  if (total > OR_MAX_KERNEL_PARAMS) {
+    return false;
+  }
+  out.resize(total);
+  uint8_t* p = out.data();
+  auto append = [&p](const void* data, size_t n) {
+    std::memcpy(p, data, n);
+    p += n;
+  };
+  append(&h, sizeof(h));
+  append(name.data(), name.size());
+  append(overload.data(), overload.size());
   for (size_t i = 0; i < h.n_known_warnings; ++i) {
     const std::string& msg = c.known_warnings[i].msg();
-    w.put(call::warning_hash(msg.data(), msg.size()));
+    const uint64_t hash = call::warning_hash(msg.data(), msg.size());
+    append(&hash, sizeof(hash));
   }
-  w.put_bytes(tables.data(), tables.size());
-  w.put_bytes(body.data(), body.size());
-  return out.size() <= OR_MAX_KERNEL_PARAMS;
+  append(tables.data(), tables.size());
+  append(body.data(), body.size());
+  TORCH_INTERNAL_ASSERT(p == out.data() + out.size());
+  return true;
 }
 
 }  // namespace openreg
