@@ -280,8 +280,9 @@ class Writer {
     put_bytes(&value, sizeof(T));
   }
   void put_bytes(const void* data, size_t n) {
-    // Appended without zero-filling first (resize would): the encoder
-    // writes every queued call, a few hundred bytes each.
+    // Appended without zero-filling first (resize would). The host's
+    // encoder of queued calls, the hot path, writes into fixed buffers of
+    // its own instead (aten/fallback/OpenRegCallEncoder.cpp).
     const auto* p = static_cast<const uint8_t*>(data);
     out_.insert(out_.end(), p, p + n);
   }
