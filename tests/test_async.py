@@ -293,3 +293,53 @@ def test_non_blocking_staged_copy_keeps_dtype_and_layout_rules():
     dst = torch.empty(4, 6, dtype=torch.float32, device=D)
     dst.copy_(src, non_blocking=True)
     assert torch.equal(dst.cpu(), src.float())
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="no OpenMP team with one thread")
+def test_a_launch_on_a_team_releases_the_host_threads_team(py):
+    # A host thread that ran a CPU parallel region keeps its OpenMP team's
+    # threads, which on a machine with few cores makes libgomp put the
+    # device's team to sleep after each region (aten/OpenRegLaunch.cpp,
+    # release_host_team). A launch of a kernel that may use a team ends the
+    # launching thread's idle team; a small kernel's launch leaves it. The
+    # team's threads take the name of the thread that starts them.
+    out = py(
+        """
+        import os, time, torch
+        main = open(f"/proc/self/task/{os.getpid()}/comm").read()
+        def named_as_main():
+            return [open(f"/proc/self/task/{t}/comm").read()
+                    for t in os.listdir("/proc/self/task")].count(main)
+        def settled(want):
+            deadline = time.monotonic() + 10
+            while team() != want and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return team()
+        small = torch.arange(1024, dtype=torch.float32)  # no parallel region
+        dsmall = small.to("openreg")
+        s = (dsmall + dsmall).cpu()  # the device is up, its threads started
+        base = named_as_main()
+        def team():
+            return named_as_main() - base
+        before = team()
+        big = torch.arange(1 << 20, dtype=torch.float32)  # a parallel region
+        ran = team()
+        s = (dsmall + dsmall).cpu()
+        after_small = team()
+        dbig = big.to("openreg")
+        b = (dbig * 3).cpu()
+        after_big = settled(0)
+        host = (big * 3).sum().item()  # the host's team starts again
+        print(before, ran, after_small, after_big, team(),
+              host == float((dbig * 3).sum().item()),
+              torch.equal(s, small + small), torch.equal(b, big * 3))
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    before, ran, after_small, after_big, rerun, *ok = out.stdout.split()
+    assert (before, ran, after_small) == ("0", "1", "1"), out.stdout
+    # A device process has an OpenMP runtime of its own, and the process
+    # driver's staged kernels run on the host's team: nothing to release.
+    released = "0" if os.environ.get("OPENREG_DRIVER") != "process" else "1"
+    assert (after_big, rerun) == (released, "1"), out.stdout
+    assert ok == ["True"] * 3, out.stdout

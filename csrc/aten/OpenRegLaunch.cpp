@@ -115,6 +115,37 @@ class WorkerThreads {
 };
 // [/doc:worker-threads]
 
+// [doc:host-team]
+// SIMULATOR ONLY: the launching thread's OpenMP team, released before a
+// kernel that may run on a team of the device's.
+//
+// After a parallel region libgomp keeps a team's threads spinning, so that
+// the next region starts at once, only while the process has no more OpenMP
+// threads than cores (GOMP_SPINCOUNT in libgomp's manual); past that they
+// spin 100 polls and sleep, and every region pays a futex wake-up per
+// thread. The worker leads a team of its own (WorkerThreads), and a host
+// thread that ran one CPU parallel region (a mean over 131,072 floats will
+// do) keeps its team's threads for the next: on 2 cores that is one thread
+// too many, and the device's x + x on 65,536 floats took 53 us instead of
+// 8.5 (benchmarks/host_omp_team.py). A device has cores of its own, which
+// the host's CPU work does not slow. So a launch whose kernel may use a
+// team (`threads` > 1) first ends the calling thread's idle team:
+// omp_pause_resource_all, which in libgomp frees the calling thread's pool,
+// returns at once on a thread that has none, and refuses inside a parallel
+// region. The host's next CPU parallel region starts its threads again, and
+// they stay until the next such launch: a loop that alternates one CPU
+// region with one such kernel pays about 100 us an iteration for it, one
+// with ten kernels gains (benchmarks/README.md, stop 54; releasing at most
+// once a millisecond was worse for both). Thread driver only: a device
+// process has its own OpenMP runtime, and run_sync's staged kernels run on
+// the host's own team.
+void release_host_team(int threads) {
+  if (threads > 1) {
+    (void)omp_pause_resource_all(omp_pause_soft);
+  }
+}
+// [/doc:host-team]
+
 // The floating-point mode device kernels run in, set on the calling thread
 // while alive: denormals kept (torch.set_flush_denormal sets the calling
 // thread's mode; device kernels ignore it, as CUDA's do).
@@ -251,8 +282,10 @@ void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
     return;
   }
   const profiler::InlineKernel trace(device);
+  const int threads = thread_cap(elements);
+  release_host_team(threads);
   SyncCall call{kernel,
-                thread_cap(elements),
+                threads,
                 at::ThreadLocalState(),
                 c10::WarningUtils::get_warning_handler(),
                 nullptr,
@@ -293,6 +326,7 @@ void launch_async(c10::DeviceIndex device, const std::string& op,
   task->op.assign(op);  // reuses the pooled task's buffer
   task->stream = stream.native();
   task->threads = thread_cap(elements);
+  release_host_team(task->threads);
   task->delay_us = faults::kernel_delay_us(device, stream.id());
   if (std::optional<std::string> failure = faults::kernel_fails(device, op)) {
     task->failure = std::move(*failure);
@@ -322,6 +356,9 @@ void launch_function(c10::DeviceIndex device, const std::string& op,
   reclaim_finished_tasks();
   orLaunchAttributes attrs{};
   attrs.hostThreads = thread_cap(elements);
+  if (host_kernels_supported()) {
+    release_host_team(attrs.hostThreads);
+  }
   stats::count(stats::kLaunches);
   // Injected faults travel as kernels of their own, in stream order: a
   // stall before the kernel, a failing kernel in its place (faults.py).

@@ -81,6 +81,10 @@ class AnswerBuffer {
 // The device keeps a described call's new memory until the host takes it:
 // on every way out that does not take it (an error, an allocation that
 // fails), the device is told to drop it.
+// openreg_take_results only copies bytes, on the worker alone: no OpenMP
+// team (the launch's `elements`, OpenRegLaunch.h).
+constexpr int64_t kCopiesOnly = 0;
+
 class KeptOnDevice {
  public:
   KeptOnDevice(c10::DeviceIndex device, uint64_t token)
@@ -92,7 +96,8 @@ class KeptOnDevice {
     try {
       const call::TakeResultsParams p{token_, 0};
       launch_function(device_, "openreg_take_results",
-                      named_kernel(NamedKernel::kTakeResults), &p, sizeof(p));
+                      named_kernel(NamedKernel::kTakeResults), &p, sizeof(p),
+                      kCopiesOnly);
     } catch (const std::exception&) {
       // The device is lost or failing: what it kept goes with it, or with
       // the next call of this token.
@@ -111,7 +116,7 @@ class KeptOnDevice {
                 addresses.size() * sizeof(uint64_t));
     launch_function(device_, "openreg_take_results",
                     named_kernel(NamedKernel::kTakeResults), params.data(),
-                    params.size());
+                    params.size(), kCopiesOnly);
     armed_ = false;
   }
   void nothing_kept() { armed_ = false; }
