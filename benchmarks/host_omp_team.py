@@ -1,32 +1,41 @@
-"""The device's pointwise kernels with and without an OpenMP team on the host's main thread.
+"""The device's kernels when the host's main thread runs CPU parallel work.
 
 libgomp lets its idle threads spin after a parallel region only while the
 process has no more OpenMP threads than CPUs (``GOMP_SPINCOUNT`` in
 libgomp's manual); past that they sleep almost at once, and each parallel
 region wakes them again. openreg's stream worker leads an OpenMP team of
-its own, so a main thread that ran one parallel region itself (a CPU op
-on a few million elements) tips the process over on a machine with few
-cores, and the device's team regions each pay a wake-up.
+its own, so a main thread that keeps the team of one CPU parallel region (a
+mean over a few hundred thousand floats will do) tips the process over on a
+machine with few cores, and every team region of the device pays a wake-up.
+Since stop 54 a launch of a kernel that may use a team releases the
+launching thread's idle team first (``release_host_team`` in
+csrc/aten/OpenRegLaunch.cpp); this script shows that it does, and what
+training steps with CPU work on the host cost against the CPU.
 
-Each state runs in a fresh process, on openreg with the thread driver (the
-default) only; the CPU is not the subject here:
+Part 1, openreg with the thread driver (the default) only, each state in a
+fresh process: the best of 5 blocks of 100 calls per operator and size,
 
 - ``no host team``: the main thread never ran a parallel region;
 - ``host team``: it ran one (``torch.ones(2**22).sum()``) before the device
-  starts;
-- ``host team released``: as above, then ``omp_pause_resource_all`` (an
-  OpenMP 5.0 call, reached through ctypes) released it.
+  starts (before stop 54: 6-7x slower for 65,536 floats).
 
-Reported: the best of 5 blocks of 100 calls per operator and size, and each
-state's time over the first one's.
+Part 2, an MLP training step (512-512-512-10, batch 128, AdamW,
+``loss.item()`` every 10 steps) on each device, each (case, device) in a
+fresh process, the devices alternating over 3 rounds; a ratio is the median
+of the per-round ratios openreg / CPU:
+
+- ``no CPU work``: the batches are on the device already;
+- ``CPU work at setup``: as above, after dataset statistics computed on the
+  CPU (the main thread keeps a team);
+- ``CPU work per step``: each batch normalized on the CPU, then copied.
 
 Usage: python benchmarks/host_omp_team.py [--out DIR]
-Writes DIR/host_omp_team.json and DIR/host_omp_team.png.
+Writes DIR/host_omp_team.json and DIR/host_omp_team.png; about 2 minutes.
 """
 
 import argparse
-import ctypes
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -36,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
-STATES = ("no host team", "host team", "host team released")
+STATES = ("no host team", "host team")
 SIZES = (65536, 262144, 524288)
 OPS = {
     "x + x": lambda x: x + x,
@@ -44,25 +53,13 @@ OPS = {
     "gelu": F.gelu,
     "mul_": lambda x: x.mul_(1.0),
 }
-OMP_PAUSE_SOFT = 1  # omp_pause_resource_t
+STEPS = ("no CPU work", "CPU work at setup", "CPU work per step")
+ROUNDS = 3
 
 
-def release_host_team() -> None:
-    """omp_pause_resource_all(omp_pause_soft) in the libgomp this process loaded."""
-    with open("/proc/self/maps") as maps:
-        paths = {line.split()[-1] for line in maps if "libgomp" in line}
-    if len(paths) != 1:
-        raise RuntimeError(f"expected one libgomp in the process, found {sorted(paths)}")
-    rc = ctypes.CDLL(paths.pop()).omp_pause_resource_all(OMP_PAUSE_SOFT)
-    if rc != 0:
-        raise RuntimeError(f"omp_pause_resource_all returned {rc}")
-
-
-def measure(state: str) -> dict[str, float]:
+def measure_calls(state: str) -> dict[str, float]:
     if state != STATES[0]:
         torch.ones(2**22).sum()  # a parallel region on the main thread
-    if state == STATES[2]:
-        release_host_team()
     device = torch.device("openreg", 0)
     times = {}
     for n in SIZES:
@@ -82,53 +79,134 @@ def measure(state: str) -> dict[str, float]:
     return times
 
 
-def plot(results: dict[str, dict[str, float]], path: Path) -> None:
+def measure_step(case: str, device: str) -> float:
+    """Seconds per training step, the best of 5 blocks of 30 steps."""
+    torch.manual_seed(0)
+    width, batch = 512, 128
+    model = torch.nn.Sequential(
+        torch.nn.Linear(512, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, 10),
+    ).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # Neither makes the main thread run a parallel region.
+    raw = torch.normal(1.0, 3.0, size=(8, batch, 512))
+    target = torch.randint(0, 10, (batch,)).to(device)
+    if case == STEPS[0]:
+        mean, std = torch.tensor(1.0), torch.tensor(3.0)
+    else:
+        mean, std = raw.mean(), raw.std()  # parallel regions on the main thread
+    # Normalized where the device computes, so that the openreg side of
+    # "no CPU work" runs no CPU parallel region on its main thread.
+    dmean, dstd = mean.to(device), std.to(device)
+    ready = [(raw[i].to(device) - dmean) / dstd for i in range(len(raw))]
+
+    def step(i: int) -> None:
+        if case == STEPS[2]:
+            x = ((raw[i % len(raw)] - mean) / std).to(device)
+        else:
+            x = ready[i % len(raw)]
+        loss = F.cross_entropy(model(x), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if i % 10 == 0:
+            loss.item()
+
+    def sync() -> None:
+        if device == "openreg":
+            torch.openreg.synchronize()
+
+    for i in range(30):
+        step(i)
+    sync()
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        for i in range(30):
+            step(i)
+        sync()
+        best = min(best, (time.perf_counter() - t) / 30)
+    return best
+
+
+def run(*args: str) -> object:
+    out = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, timeout=600, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def plot(results: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = list(results[STATES[0]])
-    fig, ax = plt.subplots(figsize=(10, 4))
+    calls = results["calls"]
+    cases = list(calls[STATES[0]])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4), gridspec_kw={"width_ratios": [3, 1]})
     width = 0.8 / len(STATES)
     for k, state in enumerate(STATES):
-        ratios = [results[state][c] / results[STATES[0]][c] for c in cases]
-        ax.bar([i + k * width for i in range(len(cases))], ratios, width, label=state)
-    ax.axhline(1.0, color="gray", linewidth=0.8)
-    ax.set_xticks([i + width for i in range(len(cases))], cases, rotation=60, ha="right")
-    ax.set_ylabel(f"time / time with {STATES[0]!r}")
-    ax.set_title("openreg pointwise kernels and the host's OpenMP team")
-    ax.legend()
+        ratios = [calls[state][c] / calls[STATES[0]][c] for c in cases]
+        left.bar([i + k * width for i in range(len(cases))], ratios, width, label=state)
+    left.axhline(1.0, color="gray", linewidth=0.8)
+    left.set_xticks([i + width / 2 for i in range(len(cases))], cases, rotation=60, ha="right")
+    left.set_ylabel(f"time / time with {STATES[0]!r}")
+    left.set_title("openreg kernels and the host's OpenMP team")
+    left.legend()
+    steps = results["steps"]
+    right.bar(range(len(STEPS)), [steps[c]["ratio"] for c in STEPS])
+    right.axhline(1.0, color="gray", linewidth=0.8)
+    right.set_xticks(range(len(STEPS)), STEPS, rotation=30, ha="right")
+    right.set_ylabel("openreg / CPU")
+    right.set_title("MLP training step")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--measure", choices=STATES, help=argparse.SUPPRESS)
+    parser.add_argument("--calls", choices=STATES, help=argparse.SUPPRESS)
+    parser.add_argument("--step", choices=STEPS, help=argparse.SUPPRESS)
+    parser.add_argument("--device", choices=("cpu", "openreg"), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
-    if args.measure:
-        print(json.dumps(measure(args.measure)))
+    if args.calls:
+        print(json.dumps(measure_calls(args.calls)))
         return
-    results = {}
-    for state in STATES:
-        out = subprocess.run(
-            [sys.executable, __file__, "--measure", state],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=True,
-        )
-        results[state] = json.loads(out.stdout.strip().splitlines()[-1])
-    base = results[STATES[0]]
+    if args.step:
+        print(json.dumps(measure_step(args.step, args.device)))
+        return
+
+    calls = {state: run("--calls", state) for state in STATES}
+    base = calls[STATES[0]]
     print(f"{'call':18s}" + "".join(f"{s:>22s}" for s in STATES))
     for case in base:
         cells = "".join(
-            f"{results[s][case] * 1e6:12.1f} us ({results[s][case] / base[case]:4.1f}x)"
-            for s in STATES
+            f"{calls[s][case] * 1e6:12.1f} us ({calls[s][case] / base[case]:4.1f}x)" for s in STATES
         )
         print(f"{case:18s}{cells}")
+
+    times = {case: {"cpu": [], "openreg": []} for case in STEPS}
+    for _ in range(ROUNDS):
+        for case in STEPS:
+            for device in ("cpu", "openreg"):
+                times[case][device].append(run("--step", case, "--device", device))
+    steps = {}
+    print(f"\n{'MLP training step':20s}{'CPU ms':>10s}{'openreg ms':>12s}  openreg / CPU")
+    for case in STEPS:
+        cpu, dev = times[case]["cpu"], times[case]["openreg"]
+        ratios = [d / c for c, d in zip(cpu, dev, strict=True)]
+        steps[case] = {"cpu_s": cpu, "openreg_s": dev, "ratio": statistics.median(ratios)}
+        print(
+            f"{case:20s}{statistics.median(cpu) * 1e3:10.2f}{statistics.median(dev) * 1e3:12.2f}"
+            f"  {statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]"
+        )
+
+    results = {"calls": calls, "steps": steps, "torch": torch.__version__}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "host_omp_team.json").write_text(json.dumps(results, indent=2))
     plot(results, args.out / "host_omp_team.png")
