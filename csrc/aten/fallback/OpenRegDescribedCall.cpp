@@ -78,13 +78,13 @@ class AnswerBuffer {
   uint8_t* data_ = nullptr;
 };
 
-// The device keeps a described call's new memory until the host takes it:
-// on every way out that does not take it (an error, an allocation that
-// fails), the device is told to drop it.
 // openreg_take_results only copies bytes, on the worker alone: no OpenMP
 // team (the launch's `elements`, OpenRegLaunch.h).
 constexpr int64_t kCopiesOnly = 0;
 
+// The device keeps a described call's new memory until the host takes it:
+// on every way out that does not take it (an error, an allocation that
+// fails), the device is told to drop it.
 class KeptOnDevice {
  public:
   KeptOnDevice(c10::DeviceIndex device, uint64_t token)
