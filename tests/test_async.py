@@ -343,3 +343,101 @@ def test_a_launch_on_a_team_releases_the_host_threads_team(py):
     released = "0" if os.environ.get("OPENREG_DRIVER") != "process" else "1"
     assert (after_big, rerun) == (released, "1"), out.stdout
     assert ok == ["True"] * 3, out.stdout
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="no OpenMP team with one thread")
+def test_elementwise_kernels_leave_a_running_host_a_thread(py):
+    # A kernel whose bits do not depend on its thread count (add, mul, ...:
+    # kTeamSizeFree in aten/fallback/OpenRegOpTraits.cpp) runs on one thread
+    # fewer while the host runs its own work (orKernelContext::team_threads),
+    # and after four such kernels in a row the worker ends its idle OpenMP
+    # team, whose threads would spin on the host's core
+    # (kernels/OpenRegKernelLibrary.cpp, call_threads). The team's threads
+    # take the worker's name.
+    out = py(
+        """
+        import os, time, torch
+        def workers():
+            return [open(f"/proc/self/task/{t}/comm").read()
+                    for t in os.listdir("/proc/self/task")].count("openreg0-dflt\\n")
+        small = torch.ones(64, device="openreg")
+        def settled(want):
+            # One-thread kernels keep the worker from retiring (it does
+            # after 10 ms without work) and start no team.
+            deadline = time.monotonic() + 2
+            while workers() != want and time.monotonic() < deadline:
+                small.add_(1)
+                time.sleep(0.001)
+            return workers()
+        cpu = torch.linspace(-3, 3, (1 << 20) + 13)
+        x = cpu.to("openreg")
+        x.clone().mul_(1.5)  # each signature's first call runs at once
+        small.add_(1)
+        e = x.exp()  # not one of them: a team of every thread
+        torch.openreg.synchronize()
+        with_team = workers()
+        for _ in range(8):
+            x.mul_(1.5)
+        stream = torch.openreg.current_stream()
+        deadline = time.monotonic() + 10
+        while not stream.query() and time.monotonic() < deadline:
+            pass  # the host runs: it never waits in the driver
+        after = settled(with_team - 1)
+        e2 = x.exp()
+        torch.openreg.synchronize()
+        again = workers()
+        want = cpu.clone()
+        for _ in range(8):
+            want.mul_(1.5)
+        print(with_team, after, again, torch.equal(x.cpu(), want),
+              torch.equal(e.cpu(), cpu.exp()), torch.equal(e2.cpu(), want.exp()))
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    with_team, after, again, *ok = out.stdout.split()
+    assert ok == ["True"] * 3, out.stdout
+    if os.environ.get("OPENREG_DRIVER") == "process":
+        return  # the kernels run in the device's process
+    assert with_team == "2", out.stdout  # the worker and its team's thread
+    if os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1":
+        # Every launch waits for its kernel: the host never runs beside it.
+        assert (after, again) == ("2", "2"), out.stdout
+    else:
+        assert (after, again) == ("1", "2"), out.stdout
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda a, b: a + b,
+        lambda a, b: a - b,
+        lambda a, b: a * b,
+        lambda a, b: a / b,
+        lambda a, b: -a,
+        lambda a, b: a * 0.3,
+        lambda a, b: torch.add(a, b, alpha=2.5),
+        lambda a, b: a.exp(),
+        lambda a, b: torch.nn.functional.gelu(a),
+    ],
+    ids=["add", "sub", "mul", "div", "neg", "mul-scalar", "add-alpha", "exp", "gelu"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64])
+def test_large_elementwise_kernels_beside_a_running_host_give_the_cpus_bits(op, dtype):
+    # Whether the host runs or waits decides how many threads an elementwise
+    # kernel gets, never its bits: an odd length puts each thread's last
+    # elements in ATen's scalar loop, which some operators round differently
+    # from the vectorized one; those keep their thread count.
+    g = torch.Generator().manual_seed(0)
+    n = (1 << 18) + 13
+    a = torch.randn(n, generator=g).to(dtype)
+    b = (torch.rand(n, generator=g) + 0.5).to(dtype)
+    try:
+        want = op(a, b)
+    except RuntimeError:
+        pytest.skip("not a CPU operator for this dtype")
+    da, db = a.to("openreg"), b.to("openreg")
+    results = [op(da, db) for _ in range(6)]  # the host runs meanwhile
+    spin = sum(i * i for i in range(20000))
+    assert spin > 0
+    for r in results:
+        assert torch.equal(r.cpu(), want)

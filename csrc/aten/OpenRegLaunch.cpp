@@ -77,7 +77,11 @@ namespace {
 // the team shrank while other programs kept the machine busy; with two
 // spinning processes beside it an MLP step takes longer with a full team,
 // which benchmarks/README.md quantifies, but a result that changes with the
-// machine's load is a wrong result.)
+// machine's load is a wrong result.) The one exception cannot change a bit:
+// a serialized call of an operator whose every element rounds alike on any
+// number of threads (kTeamSizeFree: add, mul, ...) runs on one thread fewer
+// while the host runs rather than waits for the device
+// (orKernelContext::team_threads, kernels/OpenRegKernelLibrary.cpp).
 //
 // Only the thread count changes: initialising ATen's threading state on the
 // worker from here (at::internal::lazy_init_num_threads) made convolutions

@@ -64,6 +64,11 @@ enum CallFlags : uint8_t {
   // the call: set when the kernel runs in a process of its own, whose
   // process-wide settings are not the user's.
   kApplySettings = 2,
+  // The kernel's results do not depend on its thread count (an elementwise
+  // operator whose every element rounds alike in ATen's vectorized and
+  // scalar loops): the device may run it on fewer threads than `threads`
+  // (orKernelContext::team_threads).
+  kTeamSizeFree = 4,
 };
 
 // CallHeader::settings: the host's process-wide settings a CPU kernel reads

@@ -76,15 +76,59 @@ class KernelThreads {
   int previous_ = 0;
 };
 
-// The thread count a serialized call carries.
-int call_threads(const void* params, size_t bytes) {
+// [doc:call-threads]
+// The thread count of a serialized call: the one it carries, or, for a call
+// whose results do not depend on it (call::kTeamSizeFree), what the device
+// gives such a kernel now (orKernelContext::team_threads: in the simulator,
+// one thread fewer while the host runs its own work on the same cores).
+//
+// SIMULATOR ONLY: after a region of a team, libgomp keeps the team's other
+// threads spinning (GOMP_SPINCOUNT), for milliseconds, so that the next
+// region starts at once; a worker that now runs its kernels on fewer
+// threads leaves them spinning on the core the host is running on. So the
+// worker ends its idle team (omp_pause_resource_all, as a launching host
+// thread does, see "host-team" in aten/OpenRegLaunch.cpp), and its next
+// team kernel starts the threads again:
+//  - at once when its last team kernel was one of these, given every thread
+//    because the host waited (the backlog a synchronization drains): the
+//    host runs again, and only such kernels came lately;
+//  - otherwise after kFewerInARow of them in a row, not at the first one: a
+//    single elementwise kernel between two matrix products (a residual add)
+//    would cost the next product a thread start (the GPT-2 training loop of
+//    benchmarks/bench_loops.py took 63 ms a step instead of 57).
+// bench.py's host+device loop, 8 fresh processes each: 0.72 of the host's
+// and the device's time apart with this, 0.95 with kFewerInARow only, 1.1
+// without fewer threads (benchmarks/README.md, stop 55).
+int call_threads(const void* params, size_t bytes, orKernelContext* ctx) {
+  constexpr int kFewerInARow = 4;
+  thread_local int fewer_in_a_row = 0;
   openreg::call::CallHeader h{};
   if (bytes < sizeof(h)) {
     return 0;
   }
   std::memcpy(&h, params, sizeof(h));
+  if (h.threads <= 1) {
+    return h.threads;
+  }
+  if ((h.flags & openreg::call::kTeamSizeFree) != 0 && ctx->version >= 4) {
+    const int threads = std::clamp(ctx->team_threads(ctx, h.threads), 1,
+                                   static_cast<int>(h.threads));
+    if (threads < h.threads) {
+      // fewer_in_a_row < 0: the last team kernel was one of these, given
+      // every thread while the host waited; the host runs again.
+      fewer_in_a_row = fewer_in_a_row < 0 ? kFewerInARow : fewer_in_a_row + 1;
+      if (fewer_in_a_row == kFewerInARow && threads == 1) {
+        omp_pause_resource_all(omp_pause_soft);
+      }
+      return threads;
+    }
+    fewer_in_a_row = -1;
+    return h.threads;
+  }
+  fewer_in_a_row = 0;
   return h.threads;
 }
+// [/doc:call-threads]
 
 // The parameters of a fixed-layout kernel, or false (after report_error).
 template <typename P>
@@ -216,7 +260,7 @@ extern "C" __attribute__((visibility("default"))) int openreg_boxed_call(
     ctx->describe(ctx, op.c_str());
   }
   return run_reporting(ctx, op, [&] {
-    const KernelThreads threads(call_threads(params, bytes));
+    const KernelThreads threads(call_threads(params, bytes, ctx));
     const openreg::kernels::WorkspaceScope workspace;
     openreg::WarningSink warnings;
     if (ctx->version >= 3) {
@@ -274,7 +318,7 @@ extern "C" __attribute__((visibility("default"))) int openreg_describe_call(
     ctx->describe(ctx, op.c_str());
   }
   return run_reporting(ctx, op, [&] {
-    const KernelThreads threads(call_threads(call, p.call_bytes));
+    const KernelThreads threads(call_threads(call, p.call_bytes, ctx));
     const openreg::kernels::WorkspaceScope workspace;
     auto* answer = static_cast<uint8_t*>(
         ctx->translate(ctx, reinterpret_cast<const void*>(p.answer)));

@@ -429,9 +429,23 @@ typedef struct orKernelContext {
    * a kernel's printf output until a synchronization; past
    * OR_MAX_PENDING_WARNINGS per stream it only counts them. */
   void (*warn)(struct orKernelContext* ctx, const char* message);
+  /* Version 4. SIMULATOR ONLY (a device with cores of its own returns
+   * `threads`): how many of `threads` host threads a kernel should use now,
+   * for a kernel whose results do not depend on its thread count (each
+   * element computed alike whichever thread computes it). The simulated
+   * device computes on the host's cores. While no host thread waits for the
+   * device (in a synchronization of a stream, an event or the device, or in
+   * a launch waiting for room on a full stream), the host is running its own
+   * work on one of them, and a kernel team using them all would keep
+   * stopping for the thread that shares its core with the host: then it
+   * returns threads - 1 (at least 1), so that the host's work and the
+   * device's overlap as they do with a real device. While a host thread
+   * waits, and always in the process driver (a device process does not see
+   * the host's threads), it returns `threads`. */
+  int (*team_threads)(struct orKernelContext* ctx, int threads);
 } orKernelContext;
 
-#define OR_KERNEL_CONTEXT_VERSION 3
+#define OR_KERNEL_CONTEXT_VERSION 4
 #define OR_MAX_WARNING_BYTES 512
 #define OR_MAX_PENDING_WARNINGS 16
 /* The most parameter bytes one launch may pass (CUDA allows 32764). */

@@ -111,6 +111,10 @@ void describe(orKernelContext* ctx, const char* what) {
                 what != nullptr ? what : "");
 }
 
+// A device process does not see the host's threads: a kernel keeps the
+// threads it was launched with.
+int team_threads(orKernelContext*, int threads) { return threads; }
+
 void warn(orKernelContext* ctx, const char* message) {
   Ring& ring = *static_cast<CallState*>(ctx->driver_data)->ring;
   const uint64_t written = ring.warn_written.load(std::memory_order_relaxed);
@@ -182,6 +186,7 @@ void run_command(Ring& ring, const Slot& slot) {
       ctx.driver_data = &call;
       ctx.describe = &describe;
       ctx.warn = &warn;
+      ctx.team_threads = &team_threads;
       ring.activity[0] = '\0';
       ring.running.store(h.function + 1, std::memory_order_relaxed);
       const int status = fn(slot.params, h.bytes, &ctx);

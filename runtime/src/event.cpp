@@ -212,6 +212,7 @@ orError_t orEventSynchronize(orEvent_t event) {
     return check_not_lost(event->dev);
   }
   {
+    const openreg_rt::HostWaiting waiting;
     std::unique_lock<std::mutex> lock(st.mu);
     uint64_t target = st.recorded;
     st.cv.wait(lock, [&] { return st.done_locked(target); });

@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -71,9 +72,40 @@ void warn(orKernelContext* ctx, const char* message) {
   dev->warnings.push_back(std::move(text));
 }
 
+// Host threads blocked in a wait for a device, all devices together: the
+// host's cores are one pool, which every device of the thread driver
+// shares with the host's own work.
+std::atomic<int> g_host_waiting{0};
+
+int team_threads(orKernelContext* ctx, int threads) {
+  (void)ctx;
+  return team_threads_now(threads);
+}
+
 }  // namespace
 
 namespace openreg_rt {
+
+// [doc:team-threads]
+// SIMULATOR ONLY: the device computes on the host's cores. While no host
+// thread waits for a device, the host is running (Python, the next
+// launches, its own CPU work) on one of them; a kernel that may run on
+// fewer threads leaves it that one.
+HostWaiting::HostWaiting() {
+  g_host_waiting.fetch_add(1, std::memory_order_relaxed);
+}
+
+HostWaiting::~HostWaiting() {
+  g_host_waiting.fetch_sub(1, std::memory_order_relaxed);
+}
+
+int team_threads_now(int threads) {
+  if (threads <= 1 || g_host_waiting.load(std::memory_order_relaxed) > 0) {
+    return threads;
+  }
+  return threads - 1;
+}
+// [/doc:team-threads]
 
 std::string kernel_label(const std::string& name, const char* activity) {
   std::string label = "'" + name + "'";
@@ -109,6 +141,7 @@ void orStream::run_function(Task& task) {
   ctx.driver_data = &call;
   ctx.describe = &describe;
   ctx.warn = &warn;
+  ctx.team_threads = &team_threads;
   const int status = task.function->fn(task.params.get(), task.bytes, &ctx);
   if (status != 0) {
     std::string message =

@@ -116,6 +116,20 @@ std::string dropped_warnings_message(uint64_t dropped);
 std::string failed_kernel_message(const std::string& name, const char* activity,
                                   int status);
 
+// SIMULATOR ONLY: counts this process's host threads blocked in a wait for
+// a device (thread driver), for the scope of the object: a stream's
+// synchronization or a launch waiting for room (orStream::wait_completed),
+// an event's (orEventSynchronize). orKernelContext::team_threads reads it.
+class HostWaiting {
+ public:
+  HostWaiting();
+  ~HostWaiting();
+  HostWaiting(const HostWaiting&) = delete;
+  HostWaiting& operator=(const HostWaiting&) = delete;
+};
+// orKernelContext::team_threads of the thread driver. module.cpp.
+int team_threads_now(int threads);
+
 // True when OPENREG_DRIVER=process: every device is a process of its own
 // (process_driver.cpp) and the functions below route to proc::.
 bool process_driver();

@@ -169,6 +169,7 @@ void orStream::wait_completed(uint64_t target) {
   if (completed_.load(std::memory_order_acquire) >= target) {
     return;
   }
+  const openreg_rt::HostWaiting waiting;
   if (target - completed_.load(std::memory_order_acquire) <= 1) {
     const auto until = Clock::now() + kSpin;
     int n = 0;

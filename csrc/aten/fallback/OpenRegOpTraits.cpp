@@ -93,6 +93,34 @@ constexpr OpPolicyRow kPolicy[] = {
      "some orders have no value on an empty input, refused at the call"},
     {"aten::norm", kScalarValuesMatter,
      "some orders have no value on an empty input, refused at the call"},
+    // Elementwise arithmetic, each element one IEEE operation whichever
+    // loop computes it (team_size_free adds the conditions on the call).
+    {"aten::add", kTeamSizeFree,
+     "self + alpha * other: the same bits on any number of threads"},
+    {"aten::add_", kTeamSizeFree,
+     "self + alpha * other: the same bits on any number of threads"},
+    {"aten::sub", kTeamSizeFree,
+     "self - alpha * other: the same bits on any number of threads"},
+    {"aten::sub_", kTeamSizeFree,
+     "self - alpha * other: the same bits on any number of threads"},
+    {"aten::mul", kTeamSizeFree,
+     "a product: the same bits on any number of threads"},
+    {"aten::mul_", kTeamSizeFree,
+     "a product: the same bits on any number of threads"},
+    {"aten::div.Tensor", kTeamSizeFree,
+     "a true quotient: the same bits on any number of threads"},
+    {"aten::div_.Tensor", kTeamSizeFree,
+     "a true quotient: the same bits on any number of threads"},
+    {"aten::div.out", kTeamSizeFree,
+     "a true quotient: the same bits on any number of threads"},
+    {"aten::div.Scalar", kTeamSizeFree,
+     "a true quotient: the same bits on any number of threads"},
+    {"aten::div_.Scalar", kTeamSizeFree,
+     "a true quotient: the same bits on any number of threads"},
+    {"aten::neg", kTeamSizeFree,
+     "a sign flip: the same bits on any number of threads"},
+    {"aten::neg_", kTeamSizeFree,
+     "a sign flip: the same bits on any number of threads"},
 };
 // [/doc:fallback-policy]
 
@@ -219,6 +247,9 @@ std::unique_ptr<OpTraits> compute_traits(const c10::OperatorHandle& op) {
                                schema.name().rfind("aten::_fused_", 0) == 0;
   const auto& args = schema.arguments();
   for (const c10::Argument& a : args) {
+    if (a.name() == "alpha") {
+      t->alpha_arg = static_cast<int>(&a - args.data());
+    }
     const c10::TypePtr& type = a.type();
     t->generator.push_back(is_type(type, c10::TypeKind::GeneratorType));
     if (is_type(type, c10::TypeKind::DeviceObjType)) {
@@ -275,6 +306,41 @@ std::unique_ptr<OpTraits> compute_traits(const c10::OperatorHandle& op) {
 }  // namespace
 
 c10::ArrayRef<OpPolicyRow> op_policy_table() { return kPolicy; }
+
+// [doc:team-size-free]
+bool team_size_free(const OpTraits& traits, c10::ArrayRef<c10::IValue> args,
+                    c10::ArrayRef<at::Tensor> results) {
+  if ((traits.policy & kTeamSizeFree) == 0) {
+    return false;
+  }
+  if (traits.alpha_arg >= 0) {
+    const c10::IValue& alpha = args[static_cast<size_t>(traits.alpha_arg)];
+    if (!alpha.isScalar()) {
+      return false;
+    }
+    const c10::Scalar a = alpha.toScalar();
+    const bool one = a.isIntegral(/*includeBool=*/true) ? a.toLong() == 1
+                     : a.isFloatingPoint()              ? a.toDouble() == 1.0
+                                                        : false;
+    if (!one) {
+      return false;
+    }
+  }
+  bool real = true;
+  for (const c10::IValue& v : args) {
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      real = real && (!t.defined() || !c10::isComplexType(t.scalar_type()));
+    } else if (v.isScalar()) {
+      real = real && !v.toScalar().isComplex();
+    }
+  }
+  for (const at::Tensor& t : results) {
+    real = real && !c10::isComplexType(t.scalar_type());
+  }
+  return real;
+}
+// [/doc:team-size-free]
 
 bool is_foreach_loop(const c10::OperatorHandle& op) {
   return op.schema().name().rfind("aten::_foreach_", 0) == 0 &&

@@ -28,6 +28,11 @@ enum OpPolicy : uint8_t {
   // on overflow: a queued call makes the same check on the host (the value
   // is known at the call), so the error is raised at the call.
   kScalarMustFitSelf = 1 << 3,
+  // Elementwise arithmetic whose every element rounds alike in ATen's
+  // vectorized and scalar loops, so its results do not depend on how many
+  // threads compute it: the device may run it on fewer threads than the
+  // launch gives (team_size_free).
+  kTeamSizeFree = 1 << 4,
 };
 
 // One row of the policy table.
@@ -89,7 +94,16 @@ struct OpTraits {
   // of one operator per tensor (every backend without its own gets it, the
   // CPU included).
   bool foreach_loop = false;
+  // The argument named alpha (add, sub: self + alpha * other), or -1.
+  int alpha_arg = -1;
 };
+
+// Whether a call's results do not depend on the thread count of its kernel
+// (call::kTeamSizeFree): a kTeamSizeFree operator on real dtypes (complex
+// products round differently in the vectorized loop) with alpha 1 (the
+// vectorized loop fuses alpha * other + self into one rounding).
+bool team_size_free(const OpTraits& traits, c10::ArrayRef<c10::IValue> args,
+                    c10::ArrayRef<at::Tensor> results);
 
 // A _foreach_ operator whose only kernel is PyTorch's generic loop
 // (OpTraits::foreach_loop).

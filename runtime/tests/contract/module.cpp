@@ -120,6 +120,28 @@ TEST_F(ModuleTest, QueryAndSynchronizeSeeARunningKernel) {
   OR_EXPECT_OK(orStreamQuery(stream.get()));
 }
 
+// orKernelContext::team_threads: between 1 and the threads asked for, and
+// all of them while the host waits for the device.
+TEST_F(ModuleTest, TeamThreadsAreAllThreadsWhileTheHostWaits) {
+  PinnedWords result(2);
+  // Asked while the host runs: it reads the answer from pinned memory and
+  // never waits in the driver.
+  OR_ASSERT_OK(Launch(nullptr, "or_test_team_threads",
+                      OrTestTeamThreads{result.address(0), 4, 0}));
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (result[0] == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::yield();
+  }
+  EXPECT_GE(result[0], 1u);
+  EXPECT_LE(result[0], 4u);
+  // Asked until it answers all four, which it must once the host waits.
+  OR_ASSERT_OK(Launch(nullptr, "or_test_team_threads",
+                      OrTestTeamThreads{result.address(1), 4, 1}));
+  OR_ASSERT_OK(orStreamSynchronize(nullptr));
+  EXPECT_EQ(4u, result[1]);
+}
+
 TEST_F(ModuleTest, KernelSeesItsDeviceAndWhatIsDeviceMemory) {
   PinnedWords result(1);
   DeviceBuffer buf(64);

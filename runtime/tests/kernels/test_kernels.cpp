@@ -144,6 +144,34 @@ __attribute__((visibility("default"))) int or_test_gate(const void* params,
   return 0;
 }
 
+// Writes orKernelContext::team_threads(threads) to the pinned word
+// `result`, at once or (until_all) once it answers `threads`.
+__attribute__((visibility("default"))) int or_test_team_threads(
+    const void* params, size_t bytes, orKernelContext* ctx) {
+  if (bytes != sizeof(OrTestTeamThreads) || ctx->version < 4) {
+    ctx->report_error(ctx, "or_test_team_threads: wrong parameters or context");
+    return 1;
+  }
+  OrTestTeamThreads p;
+  std::memcpy(&p, params, sizeof(p));
+  auto* result = at<uint32_t>(ctx, p.result);
+  if (result == nullptr) {
+    return 1;
+  }
+  const int threads = static_cast<int>(p.threads);
+  int answer = ctx->team_threads(ctx, threads);
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (p.until_all != 0 && answer != threads &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    answer = ctx->team_threads(ctx, threads);
+  }
+  reinterpret_cast<std::atomic<uint32_t>*>(result)->store(
+      static_cast<uint32_t>(answer), std::memory_order_release);
+  return 0;
+}
+
 // A kernel that faults: it writes through a null pointer. On a device with
 // its own process that process dies and the device is lost; the thread
 // driver would take the whole program down, so tests launch it only on a

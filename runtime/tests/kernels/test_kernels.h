@@ -39,3 +39,9 @@ struct OrTestGate {  // or_test_gate
   uint64_t entered;  // pinned host memory, one uint32, set to 1 on entry
   uint64_t open;     // pinned host memory, one uint32, waited for
 };
+
+struct OrTestTeamThreads {  // or_test_team_threads
+  uint64_t result;          // pinned host memory, one uint32: the answer
+  uint32_t threads;         // what the kernel asks team_threads for
+  uint32_t until_all;  // 1: asks again, up to 10 s, until it gets `threads`
+};
