@@ -96,7 +96,7 @@ class KernelThreads {
 //    single elementwise kernel between two matrix products (a residual add)
 //    would cost the next product a thread start (the GPT-2 training loop of
 //    benchmarks/bench_loops.py took 63 ms a step instead of 57).
-// bench.py's host+device loop, 8 fresh processes each: 0.72 of the host's
+// bench.py's host+device loop, 8 fresh processes each: 0.73 of the host's
 // and the device's time apart with this, 0.95 with kFewerInARow only, 1.1
 // without fewer threads (benchmarks/README.md, stop 55).
 int call_threads(const void* params, size_t bytes, orKernelContext* ctx) {
