@@ -504,6 +504,60 @@ def test_device_tensor_with_cpu_zero_dim_scalar(name):
     assert_close_cpu(actual, expected)
 
 
+# Python numbers in arithmetic: the host may send them to the device in the
+# dtype the kernel computes in (doc:wrapped-number-dtype): every bit and every
+# error as on the CPU, for numbers a float cannot hold exactly or at all.
+PYTHON_NUMBERS = [
+    1,
+    3,
+    -(2**40) + 1,
+    2**62 + 1,
+    2**60 + 2**36 + 1,
+    16777217,
+    0.1,
+    1e300,
+    -1e-320,
+    float("nan"),
+]
+PYTHON_NUMBER_OPS = {
+    "add": lambda x, s: x + s,
+    "radd": lambda x, s: s + x,
+    "sub": lambda x, s: x - s,
+    "rsub": lambda x, s: s - x,
+    "mul": lambda x, s: x * s,
+    "div": lambda x, s: x / s,
+    "rdiv": lambda x, s: s / x,
+    "add_alpha": lambda x, s: torch.add(x, s, alpha=3),
+    "add_": lambda x, s: x.clone().add_(s),
+    "div_out": lambda x, s: torch.div(x, s, out=torch.empty_like(x, dtype=torch.float64)),
+}
+
+
+def _bits(t):
+    return t.view(torch.uint8) if t.dtype != torch.bool else t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.int32])
+@pytest.mark.parametrize("op", list(PYTHON_NUMBER_OPS))
+def test_python_numbers_in_arithmetic_match_cpu_bits(dtype, op):
+    fn = PYTHON_NUMBER_OPS[op]
+    x = torch.cat([randn(61) * 1e3, special()]).to(dtype)
+    for s in [*PYTHON_NUMBERS, True]:
+        try:
+            expected, error = fn(x, s), None
+        except RuntimeError as e:
+            expected, error = None, str(e)
+        for _ in range(3):  # the first call learns the signature, then queued
+            if error is not None:
+                with pytest.raises(RuntimeError) as info:
+                    fn(x.to("openreg"), s).cpu()
+                assert str(info.value).split("\n")[0] == error.split("\n")[0]
+                continue
+            actual = fn(x.to("openreg"), s).cpu()
+            assert actual.dtype == expected.dtype, (s, actual.dtype, expected.dtype)
+            assert torch.equal(_bits(actual), _bits(expected)), (s, actual, expected)
+
+
 def test_cpu_scalar_on_second_device():
     x = randn(3, 4)
     actual = x.to("openreg:1") * torch.tensor(3.0)

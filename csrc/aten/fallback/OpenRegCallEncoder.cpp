@@ -3,11 +3,13 @@
 #include <ATen/core/jit_type.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/SmallVector.h>
+#include <c10/util/TypeCast.h>
 #include <openreg.h>
 
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -221,12 +223,35 @@ class Encoder {
         rec.storage = call::kInlineStorage;
       }
       const at::Tensor& shape = cpu != nullptr ? *cpu : t;
-      rec.dtype = static_cast<uint8_t>(t.scalar_type());
-      rec.flags =
-          (t.is_conj() ? call::kConj : 0) | (t.is_neg() ? call::kNeg : 0) |
-          (e.written ? call::kWritten : 0) |
-          (t.unsafeGetTensorImpl()->is_wrapped_number() ? call::kWrappedNumber
-                                                        : 0);
+      // A Python number, perhaps sent in the dtype the kernel computes in
+      // (doc:wrapped-number-dtype in OpenRegOpTraits.cpp).
+      const bool wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
+      double as_double = 0;
+      float as_float = 0;
+      const void* converted = nullptr;
+      c10::ScalarType dtype = t.scalar_type();
+      if (wrapped && cpu != nullptr && wrapped_dtype_.has_value() &&
+          *wrapped_dtype_ != dtype &&
+          (dtype == c10::ScalarType::Long ||
+           dtype == c10::ScalarType::Double)) {
+        const bool from_long = dtype == c10::ScalarType::Long;
+        const int64_t i = from_long ? *cpu->const_data_ptr<int64_t>() : 0;
+        const double d = from_long ? 0 : *cpu->const_data_ptr<double>();
+        dtype = *wrapped_dtype_;
+        if (dtype == c10::ScalarType::Float) {
+          as_float =
+              from_long ? c10::convert<float>(i) : c10::convert<float>(d);
+          converted = &as_float;
+        } else {
+          as_double = c10::convert<double>(i);  // only from int64 here
+          converted = &as_double;
+        }
+      }
+      rec.dtype = static_cast<uint8_t>(dtype);
+      rec.flags = (t.is_conj() ? call::kConj : 0) |
+                  (t.is_neg() ? call::kNeg : 0) |
+                  (e.written ? call::kWritten : 0) |
+                  (wrapped ? call::kWrappedNumber : 0);
       rec.ndim = static_cast<uint8_t>(t.dim());
       w.put(rec);
       for (int64_t s : shape.sizes()) {
@@ -235,7 +260,11 @@ class Encoder {
       for (int64_t s : shape.strides()) {
         w.put(s);
       }
-      if (cpu != nullptr) {
+      if (converted != nullptr) {
+        const uint64_t nbytes = c10::elementSize(dtype);
+        w.put(nbytes);
+        w.put_bytes(converted, nbytes);
+      } else if (cpu != nullptr) {
         const uint64_t nbytes = cpu->nbytes();
         if (nbytes > OR_MAX_KERNEL_PARAMS) {
           return false;
@@ -249,6 +278,11 @@ class Encoder {
     }
     n_storages_ = static_cast<uint16_t>(storages.size());
     return !w.overflow();
+  }
+
+  // Wrapped numbers go to the device in this dtype, if set.
+  void set_wrapped_number_dtype(std::optional<c10::ScalarType> dtype) {
+    wrapped_dtype_ = dtype;
   }
 
   uint16_t n_storages() const { return n_storages_; }
@@ -315,6 +349,7 @@ class Encoder {
   void put(Tag tag) { w_.put(tag); }
 
   Bytes& w_;
+  std::optional<c10::ScalarType> wrapped_dtype_;
   c10::SmallVector<Entry, 4> tensors_;
   uint16_t n_storages_ = 0;
 };
@@ -366,6 +401,7 @@ bool encode_call(const CallToEncode& c, std::vector<uint8_t>& out) {
   if (c.tensors != nullptr) {
     c.tensors->clear();
   }
+  enc.set_wrapped_number_dtype(wrapped_number_dtype(*c.traits, c.args));
   Bytes tables(scratch.tables.get());
   if (body.overflow() || !enc.tables(tables, c.storages, c.tensors)) {
     return false;

@@ -105,6 +105,12 @@ struct OpTraits {
 bool team_size_free(const OpTraits& traits, c10::ArrayRef<c10::IValue> args,
                     c10::ArrayRef<at::Tensor> results);
 
+// The dtype the device receives the call's wrapped numbers in (Python
+// numbers made tensors, x + 1), or nullopt to send them as they are
+// (doc:wrapped-number-dtype in OpenRegOpTraits.cpp).
+std::optional<c10::ScalarType> wrapped_number_dtype(
+    const OpTraits& traits, c10::ArrayRef<c10::IValue> args);
+
 // A _foreach_ operator whose only kernel is PyTorch's generic loop
 // (OpTraits::foreach_loop).
 bool is_foreach_loop(const c10::OperatorHandle& op);
