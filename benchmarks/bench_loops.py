@@ -23,7 +23,9 @@ temporaries the device then copied (no out= variant), per step. It also
 runs each loop once on each device with the CPU time of every thread of the
 process (Linux's /proc), per step: on openreg the host (the main thread),
 autograd's thread and the device's workers with their OpenMP threads; on
-the CPU the main thread and its OpenMP threads. On a machine whose cores
+the CPU the main thread and its OpenMP threads; on both, "ended" for the
+threads that ended during the block (openreg's OpenMP team threads, which
+end when the worker releases its team). On a machine whose cores
 the kernels already fill, openreg can hide at most the host's share of a
 step behind the device's work, which bounds its ratio from below.
 
@@ -396,6 +398,13 @@ def thread_cpu_seconds() -> dict[str, float]:
         else:
             role = "other"  # the main thread's OpenMP threads, tqdm, BLAS
         roles[role] = roles.get(role, 0.0) + seconds
+    # Threads that ended are in the process's total only: on openreg the
+    # device's OpenMP team threads, which end when the worker releases the
+    # team (doc:call-threads) and start anew at its next team kernel.
+    stat = Path("/proc/self/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    total = (int(fields[11]) + int(fields[12])) / tick
+    roles["ended"] = max(0.0, total - sum(roles.values()))
     return roles
 
 
@@ -414,7 +423,6 @@ def measure(name: str, device_name: str, breakdown: bool) -> dict:
         loop.run(steps)
         seconds = time.perf_counter() - t0
         after = thread_cpu_seconds()
-        # Threads that ended during the block (a retired worker) are lost.
         cpu = {k: (after[k] - before.get(k, 0.0)) / steps for k in after}
         stats = torch.openreg._launch_stats() if device.type == "openreg" else None
         return {
