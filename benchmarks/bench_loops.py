@@ -507,9 +507,14 @@ def print_breakdown(name: str, result: dict, cpu_result: dict) -> None:
         print_thread_cpu(device, r)
     own = result["thread_cpu_per_step"]
     host = own.get("host", 0.0) + own.get("autograd", 0.0)
+    h = host / result["seconds_per_step"]
+    # Kernels filling n cores: the CPU takes K/n + H a step, openreg at
+    # least (K + H)/n, so its ratio is at least 1 / (1 + h (n - 1) / n).
+    n = os.cpu_count() or 1
     print(
-        f"    host share of openreg's step: {host / result['seconds_per_step']:.2f} "
-        "(on full cores, the most of a step that overlap can save)"
+        f"    host share of openreg's step: h = {h:.2f}; with kernels as costly as the "
+        f"CPU's, its ratio is at least 1 / (1 + h (n-1)/n) = {1 / (1 + h * (n - 1) / n):.2f} "
+        f"on these {n} cores"
     )
 
 
