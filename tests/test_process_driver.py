@@ -32,6 +32,29 @@ PROCESS = {
 # The source of conftest.device_pids, for the scripts these tests run.
 DEVICE_PIDS = "\nimport os\n" + inspect.getsource(device_pids) + "\n"
 
+# For the scripts that kill a device while it computes: kill_when_computing
+# waits until the device process has used ``cpu_s`` seconds of CPU since the
+# call, then sends SIGKILL. A wall-clock delay is not enough: on a loaded
+# machine, or with a cold page cache, the host may not have sent the work yet
+# when any fixed delay ends (or the device may have finished it). The caller
+# first lets the device go idle (its OpenMP team spins for a while after
+# the last command), so the CPU counted is the work's.
+KILL_WHEN_COMPUTING = """
+import os, signal, threading, time
+def _device_cpu_s(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def kill_when_computing(pid, cpu_s=0.3):
+    start = _device_cpu_s(pid)
+    def kill():
+        deadline = time.monotonic() + 60
+        while _device_cpu_s(pid) < start + cpu_s and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+    threading.Thread(target=kill, daemon=True).start()
+"""
+
 
 def gone(pid, within_s=5.0, zombie_ok=False):
     """True once ``pid`` no longer exists (reaped), within ``within_s``.
@@ -184,18 +207,19 @@ sys.stdout.flush()
 
 def test_a_device_lost_during_an_operator_names_the_operator(py):
     # Thirty queued 1536x1536 matrix products keep device 1 busy for seconds:
-    # killed half a second in, it is running one of them.
+    # killed once it has computed for 0.3 s of CPU, it is running one of them.
     proc = py(
         DEVICE_PIDS
+        + KILL_WHEN_COMPUTING
         + """
 import json, signal, sys, time, torch, torch_openreg
 a = torch.randn(1536, 1536, device="openreg:1")
 b = a @ a
 torch.openreg.synchronize(1)  # the signature's first call is described
+time.sleep(0.5)  # the device idle: its OpenMP team no longer spins
+kill_when_computing(device_pids()[1])
 for _ in range(30):
     b = b @ a
-time.sleep(0.5)
-os.kill(device_pids()[1], signal.SIGKILL)
 try:
     torch.openreg.synchronize(1)
     error = None
@@ -314,17 +338,18 @@ def test_a_first_run_out_of_memory_is_raised_before_its_results_exist(py, driver
 
 
 def test_a_device_lost_during_a_first_run_names_the_operator(py):
-    # A 4096x4096 matrix product takes seconds: its first run is on the
-    # device, so killing the device half a second in loses the device, and
-    # the host, which computes nothing, raises.
+    # A 4096x4096 matrix product takes about 1.6 s of CPU: its first run is
+    # on the device, so killing the device while it computes loses the
+    # device, and the host, which computes nothing, raises.
     proc = py(
         DEVICE_PIDS
+        + KILL_WHEN_COMPUTING
         + """
-import json, signal, sys, threading, torch, torch_openreg
+import json, signal, sys, time, torch, torch_openreg
 a = torch.ones(4096, 4096, device="openreg:1")
 torch.openreg.synchronize(1)
-pid = device_pids()[1]
-threading.Timer(0.5, lambda: os.kill(pid, signal.SIGKILL)).start()
+time.sleep(0.5)  # the device idle: its OpenMP team no longer spins
+kill_when_computing(device_pids()[1])
 try:
     (a @ a).cpu()
     error = None
