@@ -2,6 +2,7 @@
 synchronization points wait, and results equal the CPU's."""
 
 import os
+import textwrap
 import time
 
 import pytest
@@ -9,6 +10,22 @@ import torch
 from conftest import describe
 
 D = "openreg"
+
+# For the scripts that count threads by name: a thread may end between the
+# listing of /proc/self/task and the read of its name (the worker releases
+# its OpenMP team's threads; a worker retires when idle), and is skipped.
+THREAD_NAMES = """
+import os
+def thread_names():
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:
+            pass  # ended after the listing
+    return names
+"""
 
 
 @pytest.mark.skipif(
@@ -234,13 +251,13 @@ def test_set_num_threads_limits_the_device_kernels(py, blocking):
     # team thread takes its creator's name, so while the worker is busy the
     # process has one "openreg0-dflt" thread, not two.
     out = py(
-        """
+        THREAD_NAMES
+        + textwrap.dedent(
+            """
         import os, torch
         torch.set_num_threads(1)
         def workers():
-            names = [open(f"/proc/self/task/{t}/comm").read().strip()
-                     for t in os.listdir("/proc/self/task")]
-            return names.count("openreg0-dflt")
+            return thread_names().count("openreg0-dflt")
         x = torch.randn(1024, 1024).to("openreg")
         for _ in range(20):
             y = x @ x
@@ -248,7 +265,8 @@ def test_set_num_threads_limits_the_device_kernels(py, blocking):
         torch.openreg.synchronize()
         ok = torch.allclose(y.cpu(), x.cpu() @ x.cpu(), rtol=1e-4, atol=1e-3)
         print(busy, ok)
-        """,
+        """
+        ),
         OPENREG_LAUNCH_BLOCKING=blocking,
     )
     assert out.returncode == 0, out.stderr
@@ -304,12 +322,13 @@ def test_a_launch_on_a_team_releases_the_host_threads_team(py):
     # launching thread's idle team; a small kernel's launch leaves it. The
     # team's threads take the name of the thread that starts them.
     out = py(
-        """
+        THREAD_NAMES
+        + textwrap.dedent(
+            """
         import os, time, torch
-        main = open(f"/proc/self/task/{os.getpid()}/comm").read()
+        main = open(f"/proc/self/task/{os.getpid()}/comm").read().strip()
         def named_as_main():
-            return [open(f"/proc/self/task/{t}/comm").read()
-                    for t in os.listdir("/proc/self/task")].count(main)
+            return thread_names().count(main)
         def settled(want):
             deadline = time.monotonic() + 10
             while team() != want and time.monotonic() < deadline:
@@ -334,6 +353,7 @@ def test_a_launch_on_a_team_releases_the_host_threads_team(py):
               host == float((dbig * 3).sum().item()),
               torch.equal(s, small + small), torch.equal(b, big * 3))
         """
+        )
     )
     assert out.returncode == 0, out.stderr
     before, ran, after_small, after_big, rerun, *ok = out.stdout.split()
@@ -355,19 +375,22 @@ def test_elementwise_kernels_leave_a_running_host_a_thread(py):
     # (kernels/OpenRegKernelLibrary.cpp, call_threads). The team's threads
     # take the worker's name.
     out = py(
-        """
+        THREAD_NAMES
+        + textwrap.dedent(
+            """
         import os, time, torch
         def workers():
-            return [open(f"/proc/self/task/{t}/comm").read()
-                    for t in os.listdir("/proc/self/task")].count("openreg0-dflt\\n")
+            return thread_names().count("openreg0-dflt")
         small = torch.ones(64, device="openreg")
         def settled(want):
             # One-thread kernels keep the worker from retiring (it does
-            # after 10 ms without work) and start no team.
+            # after 10 ms without work; the next launch would start a
+            # worker without a team) and start no team. No sleep between
+            # them: a sleep that overran 10 ms on a loaded machine let the
+            # worker retire.
             deadline = time.monotonic() + 2
             while workers() != want and time.monotonic() < deadline:
                 small.add_(1)
-                time.sleep(0.001)
             return workers()
         cpu = torch.linspace(-3, 3, (1 << 20) + 13)
         x = cpu.to("openreg")
@@ -392,6 +415,7 @@ def test_elementwise_kernels_leave_a_running_host_a_thread(py):
         print(with_team, after, again, torch.equal(x.cpu(), want),
               torch.equal(e.cpu(), cpu.exp()), torch.equal(e2.cpu(), want.exp()))
         """
+        )
     )
     assert out.returncode == 0, out.stderr
     with_team, after, again, *ok = out.stdout.split()

@@ -215,7 +215,8 @@ def test_a_device_lost_during_an_operator_names_the_operator(py):
 import json, signal, sys, time, torch, torch_openreg
 a = torch.randn(1536, 1536, device="openreg:1")
 b = a @ a
-torch.openreg.synchronize(1)  # the signature's first call is described
+b = b @ a  # the loop's signature (two distinct tensors): its first call
+torch.openreg.synchronize(1)  # is described, and runs at once
 time.sleep(0.5)  # the device idle: its OpenMP team no longer spins
 kill_when_computing(device_pids()[1])
 for _ in range(30):
