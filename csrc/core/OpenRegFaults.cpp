@@ -35,6 +35,7 @@ int64_t g_last_collective = 0;
 std::atomic<bool> g_armed{false};
 std::atomic<uint32_t> g_poisoned{0};
 std::string g_poison_message[32];  // per device, set once before the bit
+PoisonKind g_poison_kind[32];      // likewise
 
 void update_armed() { g_armed.store(!g_faults.empty()); }
 
@@ -68,11 +69,13 @@ const char* kind_name(Fault::Kind k) {
   return "?";
 }
 
-void poison_locked(int device, const std::string& message) {
+void poison_locked(int device, const std::string& message,
+                   PoisonKind kind = PoisonKind::kAccelerator) {
   if (device < 0 || device >= 32 || (g_poisoned.load() & (1u << device)) != 0) {
     return;
   }
   g_poison_message[device] = message;
+  g_poison_kind[device] = kind;
   g_poisoned.fetch_or(1u << device, std::memory_order_release);
 }
 
@@ -268,16 +271,21 @@ void check_not_poisoned(c10::DeviceIndex device) {
     return;
   }
   std::string message;
+  PoisonKind kind;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     message = g_poison_message[device];
+    kind = g_poison_kind[device];
+  }
+  if (kind == PoisonKind::kCollective) {
+    throw c10::DistBackendError({__func__, __FILE__, __LINE__}, message);
   }
   throw c10::AcceleratorError({__func__, __FILE__, __LINE__}, 700, message);
 }
 
-void poison(int device, const std::string& message) {
+void poison(int device, const std::string& message, PoisonKind kind) {
   std::lock_guard<std::mutex> lock(g_mu);
-  poison_locked(device, message);
+  poison_locked(device, message, kind);
 }
 
 void surfaced(int device, const std::string& where) {

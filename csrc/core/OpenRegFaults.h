@@ -72,11 +72,19 @@ struct CollectiveFault {
 };
 CollectiveFault collective_fault(const std::string& op, int rank);
 
-// Raises the sticky error of `device`, if it has one (torch.AcceleratorError).
+// What made a device unusable, which decides the error every later call
+// raises: a sticky kernel error or a lost device (torch.AcceleratorError),
+// or a collective that never completed (c10d's DistBackendError: the data
+// on the device was never reduced, so nothing computed from it may be
+// observed; ProcessGroupNCCL takes the whole process down for that reason).
+enum class PoisonKind { kAccelerator, kCollective };
+
+// Raises the sticky error of `device`, if it has one.
 void check_not_poisoned(c10::DeviceIndex device);
 // Makes every later call on `device` raise `message` (a sticky kernel error,
-// a lost device). The first message stays.
-void poison(int device, const std::string& message);
+// a lost device, a failed collective). The first message stays.
+void poison(int device, const std::string& message,
+            PoisonKind kind = PoisonKind::kAccelerator);
 // Marks the report's pending kernel faults of `device` as surfaced at
 // `where` (a synchronization).
 void surfaced(int device, const std::string& where);

@@ -160,6 +160,9 @@ void synchronize_stream(orStream_t stream, c10::DeviceIndex device,
   reclaim_finished_tasks();
   raise_deferred_warnings(stream, device);
   raise_deferred(err, stream, device);
+  // The work waited for may have made the device unusable (a sticky kernel
+  // error, a collective that did not complete): the wait raises that too.
+  faults::check_not_poisoned(device);
   trace_sync("sync_stream", 0, id, device);
 }
 
@@ -186,6 +189,7 @@ void synchronize_device(c10::DeviceIndex device) {
   reclaim_finished_tasks();
   raise_deferred_warnings(nullptr, device);
   raise_deferred(err, nullptr, device);
+  faults::check_not_poisoned(device);
   trace_sync("sync_device", 0, 0, device);
 }
 // [/doc:kernel-errors]
@@ -197,6 +201,10 @@ void synchronize_event(orEvent_t event) {
   stats::count(stats::kHostWaits);
   OPENREG_CHECK(host_wait([event] { return orEventSynchronize(event); }));
   reclaim_finished_tasks();
+  int device = -1;
+  if (orEventGetDevice(event, &device) == orSuccess) {
+    faults::check_not_poisoned(static_cast<c10::DeviceIndex>(device));
+  }
   trace_sync("sync_event", reinterpret_cast<int64_t>(event), 0, -1);
 }
 

@@ -82,6 +82,52 @@ class CommState {
 };
 // [/doc:c10d-work-state]
 
+// [doc:c10d-abort]
+// A collective that did not complete (a dead or hung peer, a mismatch, an
+// injected failure) makes its device unusable: every later launch, copy,
+// allocation and synchronization on it raises c10d's DistBackendError
+// naming the collective. Its outputs were never written, and whatever the
+// streams compute after it (DDP's averaged gradients, the optimizer's step)
+// would silently use them: ProcessGroupNCCL takes the whole process down
+// for that reason (TORCH_NCCL_ASYNC_ERROR_HANDLING). Without this, a future
+// completed at launch (below) and waited on by events alone would let
+// training go on with gradients that were never averaged.
+void abort_device(c10::DeviceIndex device, int rank, const std::string& op,
+                  std::exception_ptr error) {
+  std::string what;
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    what = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "unknown error";
+  }
+  faults::poison(
+      device,
+      op + " on rank " + std::to_string(rank) + " did not complete: " + what +
+          "\n(openreg:" + std::to_string(device) +
+          " is unusable from now on: the collective's outputs were never "
+          "written and later work on the device would compute from them, so "
+          "every later call on it raises this error, as ProcessGroupNCCL "
+          "takes the process down after a failed collective. Restart the "
+          "process to recover, e.g. with torchrun --max-restarts.)",
+      faults::PoisonKind::kCollective);
+}
+
+// Runs on a stream: waits for the collective; if it failed, the device is
+// aborted (abort_device) and the next synchronization raises the error.
+void wait_or_abort(const std::shared_ptr<CommState>& state,
+                   c10::DeviceIndex device, int rank, const std::string& op) {
+  try {
+    state->wait();
+  } catch (...) {
+    abort_device(device, rank, op, std::current_exception());
+  }
+}
+// [/doc:c10d-abort]
+
 // [doc:c10d-work]
 class OpenRegWork final : public c10d::Work {
  public:
@@ -122,7 +168,8 @@ class OpenRegWork final : public c10d::Work {
       return;
     }
     launch_async(device_, name_ + " (wait)",
-                 [state = state_] { state->wait(); });
+                 [state = state_, device = device_, rank = rank_,
+                  name = name_] { wait_or_abort(state, device, rank, name); });
   }
 
   // Without a timeout the host does not block (as with NCCL); with one, the
@@ -276,7 +323,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch(
       device, ReservedStream::kCollectiveCompletion, completion_index_);
   const c10::StreamGuard on_completion(completion.unwrap());
   launch_async(
-      device, op_name, [state] { state->wait(); }, /*elements=*/0);
+      device, op_name,
+      [state, device, rank = getRank(), op_name] {
+        wait_or_abort(state, device, rank, op_name);
+      },
+      /*elements=*/0);
 
   // 4. The future completes at launch; its events, recorded on the
   // completion stream, make whoever waits on it wait for the collective.
@@ -354,14 +405,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch_staged(
                         completion_index_)
           .unwrap();
   staged_completions_->post([state, future, op_name, staged = std::move(staged),
-                             outputs, completion] {
+                             outputs, completion, device, rank = getRank()] {
     try {
       state->wait();
       const c10::StreamGuard on_completion(completion);
       copy_back(staged, outputs);
       future->markCompleted(c10::IValue(outputs));
     } catch (...) {
-      future->setError(named_error(op_name, std::current_exception()));
+      const std::exception_ptr error = std::current_exception();
+      abort_device(device, rank, op_name, error);
+      future->setError(named_error(op_name, error));
     }
   });
   return c10::make_intrusive<OpenRegWork>(
