@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -39,6 +40,7 @@
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
+#include "core/OpenRegInterrupt.h"
 #include "core/OpenRegKernelTask.h"
 #include "core/OpenRegLaunchStats.h"
 #include "core/OpenRegNamedKernels.h"
@@ -225,24 +227,50 @@ struct SyncCall {
   std::exception_ptr error;
   orStream_t stream;
   int64_t delay_us = 0;  // faults::delay_kernels
+  // Set last: from then on the worker no longer touches this object (or
+  // the caller's memory the kernel refers to).
+  std::atomic<bool> done{false};
 };
 
 int run_sync_call(void* data) {
   auto* call = static_cast<SyncCall*>(data);
-  const WorkerScope on_worker(call->stream);
-  const KernelScratchScope scratch;
-  const WorkerThreads threads(call->threads);
-  const at::ThreadLocalStateGuard state(call->state);
-  const c10::WarningUtils::WarningHandlerGuard warnings(call->warnings);
-  if (call->delay_us > 0) {
-    std::this_thread::sleep_for(std::chrono::microseconds(call->delay_us));
+  {
+    const WorkerScope on_worker(call->stream);
+    const KernelScratchScope scratch;
+    const WorkerThreads threads(call->threads);
+    const at::ThreadLocalStateGuard state(call->state);
+    const c10::WarningUtils::WarningHandlerGuard warnings(call->warnings);
+    if (call->delay_us > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(call->delay_us));
+    }
+    try {
+      call->kernel();
+    } catch (...) {
+      call->error = std::current_exception();
+    }
   }
-  try {
-    call->kernel();
-  } catch (...) {
-    call->error = std::current_exception();
-  }
+  call->done.store(true, std::memory_order_release);
   return 0;
+}
+
+// A synchronous kernel refers to its caller's memory (the call above, what
+// the kernel's closure captures): its caller may not return before it has
+// finished, even when the wait itself ended (the watchdog lost the device
+// around a kernel that the thread driver cannot stop).
+void wait_until_done(const SyncCall& call, const char* op) {
+  if (call.done.load(std::memory_order_acquire)) {
+    return;
+  }
+  std::fprintf(stderr,
+               "openreg: the device was lost while its synchronous kernel "
+               "'%s' runs on a thread of this process, which the thread "
+               "driver cannot stop; waiting for it to return, since it uses "
+               "this thread's memory (OPENREG_DRIVER=process ends a hung "
+               "device for good)\n",
+               op != nullptr ? op : "(unnamed)");
+  while (!call.done.load(std::memory_order_acquire)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 }  // namespace
@@ -258,7 +286,12 @@ void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
   }
   faults::check_not_poisoned(device);
   OpenRegStream stream = getCurrentStream(device);
-  stream.synchronize();
+  {
+    // Nothing of this kernel is queued yet: Ctrl-C may end this wait (not
+    // the one below, which keeps `call` on this stack in use).
+    const InterruptibleWait interruptible;
+    stream.synchronize();
+  }
   if (op != nullptr) {
     if (std::optional<std::string> failure = faults::kernel_fails(device, op)) {
       // The host waits for this kernel: its failure is raised now.
@@ -297,9 +330,15 @@ void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
                 faults::kernel_delay_us(device, stream.id())};
   orLaunchAttributes attrs{};
   attrs.hostThreads = call.threads;
+  attrs.name = op;
   OPENREG_CHECK(
       orLaunchKernelEx(stream.native(), &run_sync_call, &call, &attrs));
-  stream.synchronize();
+  try {
+    stream.synchronize();
+  } catch (...) {
+    wait_until_done(call, op);
+    throw;
+  }
   if (call.error) {
     std::rethrow_exception(call.error);
   }
@@ -341,6 +380,7 @@ void launch_async(c10::DeviceIndex device, const std::string& op,
   // than itself, and retires one that might, when idle (openreg.h).
   orLaunchAttributes attrs{};
   attrs.hostThreads = task->threads;
+  attrs.name = task->op.c_str();  // the task keeps it until reclaimed
   stats::count(stats::kLaunches);
   orError_t err = orLaunchKernelEx(task->stream, &run_task, task, &attrs);
   if (err != orSuccess) {

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "core/OpenRegException.h"
+#include "core/OpenRegInterrupt.h"
 
 namespace openreg {
 
@@ -56,6 +57,8 @@ void lazy_init() {
       probe = orSuccess;
     }
     OPENREG_CHECK(probe);
+    // Long host waits give way to the user's interrupt (OpenRegInterrupt.h).
+    OPENREG_CHECK(orSetHostWaitCheck(&host_wait_check));
     pthread_atfork(nullptr, nullptr, on_fork_child);
     g_initialized.store(true, std::memory_order_release);
   });

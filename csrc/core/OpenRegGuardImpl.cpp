@@ -1,3 +1,4 @@
+#include "core/OpenRegInterrupt.h"
 #include "core/OpenRegGuardImpl.h"
 
 #include <c10/core/CachingDeviceAllocator.h>
@@ -125,6 +126,7 @@ bool OpenRegGuardImpl::queryEvent(void* event) const {
 }
 
 void OpenRegGuardImpl::synchronizeEvent(void* event) const {
+  const InterruptibleWait interruptible;  // the user's wait: Ctrl-C ends it
   synchronize_event(as_event(event));
 }
 // [/doc:event-wait-query]
@@ -166,11 +168,13 @@ bool OpenRegGuardImpl::queryStream(const c10::Stream& stream) const {
 
 void OpenRegGuardImpl::synchronizeStream(const c10::Stream& stream) const {
   warn_or_error_on_sync("Stream.synchronize()");
+  const InterruptibleWait interruptible;
   OpenRegStream(stream).synchronize();
 }
 
 void OpenRegGuardImpl::synchronizeDevice(
     const c10::DeviceIndex device_index) const {
+  const InterruptibleWait interruptible;
   synchronize_device(device_index < 0 ? current_device() : device_index);
 }
 

@@ -7,6 +7,7 @@
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
+#include "core/OpenRegInterrupt.h"
 #include "core/OpenRegKernelTask.h"
 #include "core/OpenRegLaunchStats.h"
 #include "core/OpenRegStream.h"
@@ -35,6 +36,11 @@ orError_t host_wait(F&& wait) {
     hook([](void* arg) { (*static_cast<Call*>(arg))(); }, &call);
   } else {
     call();
+  }
+  if (err == orErrorInterrupted) {
+    // The user's Ctrl-C in an InterruptibleWait (OpenRegInterrupt.h): the
+    // device's work goes on, its errors wait for the next synchronization.
+    raise_interrupt();
   }
   return err;
 }

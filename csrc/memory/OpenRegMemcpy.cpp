@@ -2,6 +2,7 @@
 
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
+#include "core/OpenRegInterrupt.h"
 #include "profiler/OpenRegProfiler.h"
 
 namespace openreg {
@@ -28,7 +29,9 @@ void memcpy_on_stream(void* dst, const void* src, size_t nbytes,
       (kind == orMemcpyDeviceToHost && !is_pinned_range(dst));
   if (pageable) {
     // Wait here rather than inside the runtime, so that a kernel that failed
-    // on the stream is raised by name.
+    // on the stream is raised by name. Nothing of this copy is queued yet:
+    // the user's Ctrl-C may end the wait (t.cpu() after a long kernel).
+    const InterruptibleWait interruptible;
     stream.synchronize();
   }
   const profiler::QueuedCopy trace(stream.unwrap(), kind, !pageable);

@@ -21,6 +21,7 @@
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
+#include "core/OpenRegInterrupt.h"
 #include "core/OpenRegLaunchStats.h"
 #include "core/OpenRegNamedKernels.h"
 #include "core/OpenRegStream.h"
@@ -67,6 +68,7 @@ DeviceProperties get_device_properties(c10::DeviceIndex device) {
 
 void synchronize(c10::DeviceIndex device) {
   lazy_init();
+  const InterruptibleWait interruptible;  // Ctrl-C ends the wait
   synchronize_device(device < 0 ? current_device() : device);
 }
 
@@ -109,6 +111,57 @@ void wait_without_gil(void (*wait)(void*), void* arg) {
     wait(arg);
   }
 }
+
+// [doc:interrupt-hooks]
+// Ctrl-C (core/OpenRegInterrupt.h). Python runs signal handlers on its main
+// thread only; a handler that raises (KeyboardInterrupt, by default) leaves
+// its exception for raise_python_interrupt, which the synchronization
+// throws once the runtime's wait has returned.
+unsigned long g_main_thread = 0;
+thread_local std::optional<py::error_already_set> t_interrupt;
+
+bool python_interrupt_pending() {
+  if (PyThread_get_thread_ident() != g_main_thread || !Py_IsInitialized() ||
+      _Py_IsFinalizing()) {
+    return false;
+  }
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() == 0) {
+    return false;
+  }
+  t_interrupt.emplace();  // takes the error the handler raised
+  return true;
+}
+
+[[noreturn]] void raise_python_interrupt() {
+  py::gil_scoped_acquire gil;
+  if (!t_interrupt) {
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw py::error_already_set();
+  }
+  py::error_already_set e = std::move(*t_interrupt);
+  t_interrupt.reset();
+  throw e;
+}
+
+bool python_is_interrupt(const std::exception& e) {
+  PyObject* type = nullptr;
+  if (const auto* pe = dynamic_cast<const python_error*>(&e)) {
+    type = pe->type;
+  }
+  const auto* pybind = dynamic_cast<const py::error_already_set*>(&e);
+  if ((type == nullptr && pybind == nullptr) || !Py_IsInitialized()) {
+    return false;
+  }
+  py::gil_scoped_acquire gil;
+  if (pybind != nullptr) {
+    type = pybind->type().ptr();
+  }
+  return type != nullptr &&
+         (PyErr_GivenExceptionMatches(type, PyExc_KeyboardInterrupt) != 0 ||
+          PyErr_GivenExceptionMatches(type, PyExc_SystemExit) != 0);
+}
+// [/doc:interrupt-hooks]
 
 // torch.cuda.memory_snapshot()'s shape: block addresses follow from the
 // segment's address and the sizes of the blocks before them.
@@ -292,6 +345,15 @@ PYBIND11_MODULE(_C, m) {
   using namespace openreg;
   m.doc() = "openreg: a simulated PyTorch accelerator (C++ part)";
   set_host_wait_hook(&wait_without_gil);
+  g_main_thread = py::module_::import("threading")
+                      .attr("main_thread")()
+                      .attr("ident")
+                      .cast<unsigned long>();
+  InterruptHooks interrupt_hooks;
+  interrupt_hooks.pending = &python_interrupt_pending;
+  interrupt_hooks.raise = &raise_python_interrupt;
+  interrupt_hooks.is_interrupt = &python_is_interrupt;
+  set_interrupt_hooks(interrupt_hooks);
   static const int routed = route_generic_ops_to_fallback();
   m.attr("_generic_ops_routed") = routed;
   static const int layout_routed = route_layout_ops_to_fallback();

@@ -100,6 +100,10 @@ typedef enum orError_t {
   orErrorSymbolNotFound = 17,
   /* The driver does not implement this function or this argument. */
   orErrorNotSupported = 18,
+  /* A host wait ended early because the host wait check asked for it
+   * (orSetHostWaitCheck). The awaited work goes on: nothing was reported
+   * or cleared, and a later synchronization waits for it again. */
+  orErrorInterrupted = 19,
 } orError_t;
 
 /* A static, human readable description of an error code ("out of memory").
@@ -367,7 +371,31 @@ typedef struct orLaunchAttributes {
    * (a stream used periodically, such as once per training step, then does
    * not start a new thread every time). Negative: orErrorInvalidValue. */
   int hostThreads;
+  /* What the kernel is ("aten::mm"), for diagnostics: the watchdog's
+   * lost-device reason names it. NULL: unnamed. It must stay valid until the
+   * kernel has finished; it is not copied at the launch. A named kernel
+   * (orLaunchFunction) is named by its function. */
+  const char* name;
 } orLaunchAttributes;
+
+/* Host waits that last. A thread blocked in orStreamSynchronize,
+ * orDeviceSynchronize or orEventSynchronize calls `check` from that thread
+ * about every 20 ms while the wait lasts (never in other calls, and not at
+ * all in waits shorter than that): when it returns nonzero, the call
+ * returns orErrorInterrupted at once. The device's work is not affected. A
+ * host program uses it to stay responsive during a long wait (Python's
+ * Ctrl-C). NULL removes it. Thread-safe.
+ *
+ * The watchdog (OPENREG_KERNEL_TIMEOUT=S, seconds, read at initialisation;
+ * unset or 0: off, as on CUDA, where a hung kernel is waited for forever): a
+ * device that completes no command on any stream for S seconds while a host
+ * thread waits for it (a synchronization, a launch waiting for room) is
+ * lost (orErrorDeviceLost; orDeviceGetLossReason names the kernel that was
+ * running and S), as a GPU's watchdog resets a GPU that stopped making
+ * progress (Windows' TDR, Xid 8 on Linux). A kernel that legitimately runs
+ * longer than S is lost too, as there. */
+typedef int (*orHostWaitCheckFn)(void);
+OPENREG_API orError_t orSetHostWaitCheck(orHostWaitCheckFn check);
 
 /* Enqueues fn(user_data) on stream and returns. attributes may be NULL (the
  * defaults). Errors: orErrorInvalidValue (fn NULL, an attribute out of

@@ -151,6 +151,7 @@ struct Config {
   int count = kDefaultDeviceCount;
   size_t capacity = kDefaultCapacity;
   bool process = false;  // OPENREG_DRIVER=process
+  int64_t kernel_timeout_ns = 0;  // OPENREG_KERNEL_TIMEOUT, 0: off
 };
 
 const Config& config() {
@@ -193,6 +194,22 @@ const Config& config() {
                      env);
         return c;
       }
+    }
+    if (const char* env = std::getenv("OPENREG_KERNEL_TIMEOUT")) {
+      // Seconds, a plain decimal number ("30", "0.5"); 0 or empty: off.
+      char* end = nullptr;
+      errno = 0;
+      const double v = std::strtod(env, &end);
+      const bool plain = (*env >= '0' && *env <= '9') || *env == '.';
+      if (*env != '\0' && (!plain || errno != 0 || end == env ||
+                            *end != '\0' || !(v >= 0) || v > 86400)) {
+        std::fprintf(stderr,
+                     "openreg: OPENREG_KERNEL_TIMEOUT='%s' is not a number of "
+                     "seconds in [0, 86400] (0: no watchdog)\n",
+                     env);
+        return c;
+      }
+      c.kernel_timeout_ns = static_cast<int64_t>(v * 1e9);
     }
     size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     c.capacity = (c.capacity + page - 1) / page * page;
@@ -252,6 +269,8 @@ Runtime& runtime() { return *init_state().rt; }
 
 bool process_driver() { return config().process; }
 
+int64_t kernel_timeout_ns() { return config().kernel_timeout_ns; }
+
 Device* device_at(int index) {
   auto& devs = runtime().devices;
   if (index < 0 || index >= static_cast<int>(devs.size())) {
@@ -283,6 +302,25 @@ bool find_device_range(const void* p, DeviceRange* out) {
 }
 
 int current_device() { return t_current_device; }
+
+orError_t lose_device(Device* dev, const char* reason) {
+  if (dev->process != nullptr) {
+    // The device process really ends (SIGKILL); its watcher marks the device
+    // lost as for any other end.
+    return proc::kill_device(dev, reason);
+  }
+  {
+    std::lock_guard<std::mutex> lock(dev->lost_mutex);
+    if (dev->lost.load(std::memory_order_relaxed)) {
+      return orSuccess;  // lost once: the first reason stays
+    }
+    dev->lost_reason = reason;
+  }
+  // From now on the workers drop what they have not started, and every
+  // call that uses the device fails.
+  dev->lost.store(true, std::memory_order_release);
+  return orSuccess;
+}
 
 }  // namespace openreg_rt
 
@@ -372,9 +410,13 @@ orError_t orDeviceSynchronize(void) {
   // Holding the registry lock keeps every stream alive while we wait; stream
   // workers never take it, so this cannot deadlock.
   std::lock_guard<std::mutex> lock(dev->streams_mutex);
+  const StreamsLocked locked;  // the watchdog reads the streams meanwhile
   orError_t first = orSuccess;
   for (Stream* s : dev->streams) {
-    orError_t err = s->synchronize();
+    orError_t err = s->synchronize(/*interruptible=*/true);
+    if (err == orErrorInterrupted) {
+      return err;
+    }
     if (first == orSuccess) {
       first = err;
     }
@@ -411,22 +453,7 @@ orError_t orSimulateDeviceLoss(int device, const char* reason) {
   if (dev == nullptr) {
     return orErrorInvalidDevice;
   }
-  if (dev->process != nullptr) {
-    // The device process really ends (SIGKILL); its watcher marks the device
-    // lost as for any other end.
-    return proc::kill_device(dev, reason);
-  }
-  {
-    std::lock_guard<std::mutex> lock(dev->lost_mutex);
-    if (dev->lost.load(std::memory_order_relaxed)) {
-      return orSuccess;  // lost once: the first reason stays
-    }
-    dev->lost_reason = reason != nullptr ? reason : "lost (simulated)";
-  }
-  // From now on the workers drop what they have not started, and every
-  // call that uses the device fails.
-  dev->lost.store(true, std::memory_order_release);
-  return orSuccess;
+  return lose_device(dev, reason != nullptr ? reason : "lost (simulated)");
 }
 // [/doc:device-loss]
 

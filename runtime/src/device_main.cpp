@@ -459,6 +459,11 @@ int main(int argc, char** argv) {
   if (getppid() != std::atoi(argv[1])) {
     return 1;
   }
+  // A terminal's Ctrl-C is for the user's program, which turns it into
+  // Python's KeyboardInterrupt and goes on using its devices: the device
+  // runs in a process group of its own (the driver spawns it so), and
+  // ignores SIGINT sent to it anyway.
+  signal(SIGINT, SIG_IGN);
   g_control = static_cast<Control*>(
       map_fd(kControlFd, sizeof(Control), "control block"));
   if (g_control->magic != kMagic) {

@@ -53,6 +53,8 @@ constexpr ErrorInfo kErrors[] = {
      "the kernel library has no kernel of that name"},
     {orErrorNotSupported, "orErrorNotSupported",
      "this driver does not support the operation"},
+    {orErrorInterrupted, "orErrorInterrupted",
+     "host wait interrupted (the device work goes on)"},
 };
 
 const ErrorInfo* find(orError_t error) {

@@ -161,7 +161,7 @@ orError_t orEventRecord(orEvent_t event, orStream_t stream) {
   // A marker: the event completes in the same step as the stream counts the
   // record done. Lock order: stream lock, then event lock (nothing takes
   // them the other way round).
-  stream->enqueue_marker([st, version] {
+  const orError_t err = stream->enqueue_marker([st, version] {
     {
       std::lock_guard<std::mutex> lock(st->mu);
       st->pending.erase(version);
@@ -172,7 +172,11 @@ orError_t orEventRecord(orEvent_t event, orStream_t stream) {
     }
     st->cv.notify_all();
   });
-  return orSuccess;
+  if (err != orSuccess) {
+    std::lock_guard<std::mutex> lock(st->mu);
+    st->pending.erase(version);  // never recorded (the device was lost)
+  }
+  return err;
 }
 
 orError_t orEventQuery(orEvent_t event) {
@@ -207,15 +211,25 @@ orError_t orEventSynchronize(orEvent_t event) {
       ticket = event->ticket;
     }
     if (ring >= 0) {
-      OR_RETURN_IF_ERROR(proc::wait_ticket(event->dev, ring, ticket));
+      OR_RETURN_IF_ERROR(proc::wait_ticket(event->dev, ring, ticket,
+                                           /*interruptible=*/true));
     }
     return check_not_lost(event->dev);
   }
   {
     const openreg_rt::HostWaiting waiting;
     std::unique_lock<std::mutex> lock(st.mu);
-    uint64_t target = st.recorded;
-    st.cv.wait(lock, [&] { return st.done_locked(target); });
+    const uint64_t target = st.recorded;
+    const auto done = [&] { return st.done_locked(target); };
+    openreg_rt::LongWait long_wait(event->dev, /*interruptible=*/true);
+    while (!st.cv.wait_for(lock, openreg_rt::kWaitSlice, done)) {
+      lock.unlock();
+      const orError_t err = long_wait.tick();
+      lock.lock();
+      if (err != orSuccess && !done()) {
+        return err;
+      }
+    }
   }
   return check_not_lost(event->dev);
 }
@@ -248,11 +262,10 @@ orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event) {
       return orSuccess;  // nothing pending: no wait needed
     }
   }
-  stream->enqueue([st, target] {
+  return stream->enqueue([st, target] {
     std::unique_lock<std::mutex> lock(st->mu);
     st->cv.wait(lock, [&] { return st->done_locked(target); });
   });
-  return orSuccess;
 }
 
 orError_t orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {

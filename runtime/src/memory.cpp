@@ -405,8 +405,8 @@ orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
     do_copy(dst, src, count, dst_range, src_range);
     return orSuccess;
   }
-  stream->enqueue([=] { do_copy(dst, src, count, dst_range, src_range); });
-  return orSuccess;
+  return stream->enqueue(
+      [=] { do_copy(dst, src, count, dst_range, src_range); });
 }
 
 orError_t orMemset(void* dst, int value, size_t count) {

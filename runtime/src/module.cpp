@@ -28,6 +28,7 @@ struct KernelCall {
   std::string message;  // first report_error of this call
   bool reported = false;
   std::string activity;  // the last describe()
+  const char* name = "";  // the function's
 };
 
 void* translate(orKernelContext* ctx, const void* device_ptr) {
@@ -54,6 +55,10 @@ void describe(orKernelContext* ctx, const char* what) {
   auto* call = static_cast<KernelCall*>(ctx->driver_data);
   call->activity.assign(what != nullptr ? what : "");
   call->activity.resize(std::min<size_t>(call->activity.size(), 127));
+  if (openreg_rt::kernel_timeout_ns() != 0) {  // what the watchdog names
+    call->stream->note_running(
+        openreg_rt::kernel_label(call->name, call->activity.c_str()));
+  }
 }
 
 void warn(orKernelContext* ctx, const char* message) {
@@ -133,6 +138,7 @@ std::string failed_kernel_message(const std::string& name, const char* activity,
 void orStream::run_function(Task& task) {
   KernelCall call;
   call.stream = this;
+  call.name = task.function->name.c_str();
   orKernelContext ctx{};
   ctx.version = OR_KERNEL_CONTEXT_VERSION;
   ctx.device = dev_->index;
@@ -270,8 +276,7 @@ orError_t orLaunchFunction(orStream_t stream, orFunction_t function,
   if (stream->proc_ring_ >= 0) {
     return proc::launch(stream, function, params, bytes);
   }
-  stream->enqueue_function(function, params, bytes, attrs.hostThreads);
-  return orSuccess;
+  return stream->enqueue_function(function, params, bytes, attrs.hostThreads);
 }
 
 orError_t orDeviceTakeWarnings(int device, orWarningFn fn, void* user_data) {

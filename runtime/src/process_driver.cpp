@@ -158,9 +158,17 @@ void watch(ProcessDevice* pd, std::promise<int> spawned) {
   const std::string parent = std::to_string(getpid());
   char* argv[] = {const_cast<char*>(exe.c_str()),
                   const_cast<char*>(parent.c_str()), nullptr};
+  // Its own process group: the terminal's signals (Ctrl-C, Ctrl-Z) go to
+  // the user's program, not to its devices; they still end with it
+  // (PR_SET_PDEATHSIG, the exit handler below).
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
   pid_t pid = -1;
   const int err =
-      posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv, environ);
+      posix_spawn(&pid, exe.c_str(), &actions, &attr, argv, environ);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   if (err != 0) {
     std::fprintf(stderr, "openreg: cannot start the device process %s: %s\n",

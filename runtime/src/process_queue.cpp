@@ -80,13 +80,20 @@ namespace {
 
 // Waits until the ring has completed `target` commands; orErrorDeviceLost if
 // the device process ends first.
-orError_t wait_ring(const Device* dev, Ring& ring, uint64_t target) {
+orError_t wait_ring(Device* dev, Ring& ring, uint64_t target,
+                    bool interruptible) {
   const auto spin_until = Clock::now() + std::chrono::microseconds(20);
   while (ring.completed.load(std::memory_order_acquire) < target &&
          Clock::now() < spin_until) {
   }
+  LongWait long_wait(dev, interruptible);
+  auto slice_end = Clock::now() + kWaitSlice;
   while (ring.completed.load(std::memory_order_acquire) < target) {
     OR_RETURN_IF_ERROR(check_not_lost(dev));
+    if (Clock::now() >= slice_end) {
+      OR_RETURN_IF_ERROR(long_wait.tick());
+      slice_end = Clock::now() + kWaitSlice;
+    }
     // Ask to be woken at `target` (the smallest count any waiter wants).
     uint64_t at = ring.host_wake_at.load(std::memory_order_seq_cst);
     while (target < at && !ring.host_wake_at.compare_exchange_weak(
@@ -94,7 +101,8 @@ orError_t wait_ring(const Device* dev, Ring& ring, uint64_t target) {
     }
     const uint64_t seen = ring.completed.load(std::memory_order_seq_cst);
     if (seen < target) {
-      futex_wait(&ring.completed, static_cast<uint32_t>(seen), 50);
+      futex_wait(&ring.completed, static_cast<uint32_t>(seen),
+                 kWaitSlice.count());
     }
   }
   return orSuccess;
@@ -119,7 +127,8 @@ orError_t push(orStream* stream, const SlotHeader& header, const void* params,
     // The slot is free once the command one lap back has completed. Wait
     // for a quarter of the ring to drain, not just this slot: a host far
     // ahead of the device then wakes once per kRingRefill commands.
-    OR_RETURN_IF_ERROR(wait_ring(dev, ring, t - kRingSlots + 1 + kRingRefill));
+    OR_RETURN_IF_ERROR(
+        wait_ring(dev, ring, t - kRingSlots + 1 + kRingRefill, false));
   }
   Slot& slot = ring.slots[t % kRingSlots];
   slot.h = header;
@@ -139,7 +148,7 @@ orError_t push(orStream* stream, const SlotHeader& header, const void* params,
 
 }  // namespace
 
-orError_t stream_synchronize(orStream* stream) {
+orError_t stream_synchronize(orStream* stream, bool interruptible) {
   Device* dev = stream->device();
   Ring& ring = of(dev).control->rings[stream->proc_ring_];
   uint64_t target = 0;
@@ -147,7 +156,7 @@ orError_t stream_synchronize(orStream* stream) {
     std::lock_guard<std::mutex> lock(stream->proc_mu_);
     target = stream->proc_tail_;
   }
-  OR_RETURN_IF_ERROR(wait_ring(dev, ring, target));
+  OR_RETURN_IF_ERROR(wait_ring(dev, ring, target, interruptible));
   if (ring.error_state.load(std::memory_order_acquire) == 2) {
     const auto code = static_cast<orError_t>(ring.error_code);
     std::string message = ring.error_message;
@@ -253,7 +262,8 @@ orError_t copy_command(orStream* stream, const void* dst, const void* src,
     return orSuccess;
   }
   Device* dev = stream->device();
-  return wait_ring(dev, of(dev).control->rings[stream->proc_ring_], ticket + 1);
+  return wait_ring(dev, of(dev).control->rings[stream->proc_ring_], ticket + 1,
+                   false);
 }
 
 }  // namespace
@@ -263,10 +273,10 @@ orError_t copy_command(orStream* stream, const void* dst, const void* src,
 orError_t copy(orStream* stream, void* dst, const void* src, size_t count,
                bool dst_is_device, bool src_is_device, bool wait) {
   if (count == 0) {
-    return wait ? stream_synchronize(stream) : orSuccess;
+    return wait ? stream_synchronize(stream, false) : orSuccess;
   }
   if (!dst_is_device && !src_is_device && wait) {
-    OR_RETURN_IF_ERROR(stream_synchronize(stream));
+    OR_RETURN_IF_ERROR(stream_synchronize(stream, false));
     std::memmove(dst, src, count);
     return orSuccess;
   }
@@ -308,7 +318,8 @@ orError_t memset(orStream* stream, void* dst, int value, size_t count) {
   uint64_t ticket = 0;
   OR_RETURN_IF_ERROR(push(stream, h, nullptr, 0, &ticket));
   Device* dev = stream->device();
-  return wait_ring(dev, of(dev).control->rings[stream->proc_ring_], ticket + 1);
+  return wait_ring(dev, of(dev).control->rings[stream->proc_ring_], ticket + 1,
+                   false);
 }
 
 // ---- warnings ---------------------------------------------------------
@@ -392,13 +403,38 @@ orError_t event_record(orStream* stream, int slot, uint64_t generation,
   return push(stream, h, nullptr, 0, ticket);
 }
 
+uint64_t progress(Device* dev, std::string* running) {
+  ProcessDevice& pd = of(dev);
+  uint64_t total = 0;
+  for (int r = 0; r < kMaxStreams; ++r) {
+    const Ring& ring = pd.control->rings[r];
+    total += ring.completed.load(std::memory_order_acquire);
+    if (running == nullptr || !running->empty()) {
+      continue;
+    }
+    const uint32_t id = ring.running.load(std::memory_order_acquire);
+    if (id != 0) {
+      char activity[kActivityBytes];
+      std::memcpy(activity, ring.activity, sizeof(activity));
+      activity[sizeof(activity) - 1] = '\0';
+      std::lock_guard<std::mutex> lock(shared().names_mu);
+      if (id - 1 < shared().function_names.size()) {
+        *running = kernel_label(shared().function_names[id - 1], activity);
+      }
+    }
+  }
+  return total;
+}
+
 bool ticket_done(const Device* dev, int ring, uint64_t ticket) {
   return of(dev).control->rings[ring].completed.load(
              std::memory_order_acquire) > ticket;
 }
 
-orError_t wait_ticket(const Device* dev, int ring, uint64_t ticket) {
-  return wait_ring(dev, of(dev).control->rings[ring], ticket + 1);
+orError_t wait_ticket(Device* dev, int ring, uint64_t ticket,
+                      bool interruptible) {
+  return wait_ring(dev, of(dev).control->rings[ring], ticket + 1,
+                   interruptible);
 }
 
 orError_t event_wait(orStream* stream, int slot, uint64_t generation) {

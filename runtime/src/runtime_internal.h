@@ -5,6 +5,7 @@
 #include <openreg.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -127,6 +128,49 @@ class HostWaiting {
   HostWaiting(const HostWaiting&) = delete;
   HostWaiting& operator=(const HostWaiting&) = delete;
 };
+// ---- Host waits that last (openreg.h, orSetHostWaitCheck) -------------
+// A blocked host thread looks again at the wait check, the watchdog and a
+// lost device after each slice of this length without the awaited progress.
+constexpr std::chrono::milliseconds kWaitSlice{20};
+// OPENREG_KERNEL_TIMEOUT in nanoseconds; 0: the watchdog is off. device.cpp.
+int64_t kernel_timeout_ns();
+// Every command `dev`'s streams have completed so far (both drivers), and,
+// when `running` is given, what runs now on one of them that is busy ("" if
+// nothing is known). wait.cpp.
+uint64_t device_progress(Device* dev, std::string* running);
+// Marks, for its scope, that this thread holds a device's streams_mutex
+// (orDeviceSynchronize), so device_progress does not take it again.
+class StreamsLocked {
+ public:
+  StreamsLocked();
+  ~StreamsLocked();
+  StreamsLocked(const StreamsLocked&) = delete;
+  StreamsLocked& operator=(const StreamsLocked&) = delete;
+};
+// Makes `dev` lost for `reason` (the first reason stays): the thread driver
+// drops the device's queued work; the process driver ends the device
+// process. device.cpp.
+orError_t lose_device(Device* dev, const char* reason);
+
+// One host wait that may last. The waiting thread calls tick() after each
+// kWaitSlice it slept without the awaited progress; tick() says whether to
+// go on (orSuccess), or that the wait ends: orErrorInterrupted (the check
+// asked for it, interruptible waits only) or orErrorDeviceLost (the device
+// was lost meanwhile, or by the watchdog now). wait.cpp.
+class LongWait {
+ public:
+  LongWait(Device* dev, bool interruptible)
+      : dev_(dev), interruptible_(interruptible) {}
+  orError_t tick();
+
+ private:
+  Device* dev_;
+  bool interruptible_;
+  bool started_ = false;
+  uint64_t progress_ = 0;  // device_progress() when it last moved
+  std::chrono::steady_clock::time_point since_;
+};
+
 // orKernelContext::team_threads of the thread driver. module.cpp.
 int team_threads_now(int threads);
 
@@ -141,7 +185,11 @@ orError_t start(Runtime* rt, size_t pinned_capacity);
 int device_pid(const Device* dev);
 orError_t stream_create(Stream* stream);
 void stream_destroy(Stream* stream);
-orError_t stream_synchronize(Stream* stream);  // moves the ring's error in
+// Moves the ring's error in; `interruptible` as for orStream::synchronize.
+orError_t stream_synchronize(Stream* stream, bool interruptible);
+// Every command the device's rings have completed, and the kernel running
+// now on one of them ("" if none) when `running` is given.
+uint64_t progress(Device* dev, std::string* running);
 bool stream_idle(Stream* stream);
 // Loads `path` in every device process; on failure, *why is the failing
 // device's loader message.
@@ -180,7 +228,8 @@ void event_slot_free(int slot, const Device* dev, int ring, uint64_t ticket,
 orError_t event_record(Stream* stream, int slot, uint64_t generation,
                        uint64_t* ticket);
 bool ticket_done(const Device* dev, int ring, uint64_t ticket);
-orError_t wait_ticket(const Device* dev, int ring, uint64_t ticket);
+orError_t wait_ticket(Device* dev, int ring, uint64_t ticket,
+                      bool interruptible);
 orError_t event_wait(Stream* stream, int slot, uint64_t generation);
 uint64_t event_completed(int slot);
 uint64_t event_timestamp_ns(int slot);
@@ -284,24 +333,37 @@ struct orStream {
   bool is_default() const { return is_default_; }
 
   // Appends work; returns at once (or when the ring has room again).
-  void enqueue(std::function<void()> task);
+  orError_t enqueue(std::function<void()> task);
   // Appends a launched kernel (orLaunchKernelEx): no allocation.
   // `host_threads` is orLaunchAttributes::hostThreads.
-  void enqueue_kernel(orKernelFn fn, void* user_data, int host_threads);
+  // Each returns orErrorDeviceLost when the ring stays full because the
+  // device was lost (nothing enqueued).
+  orError_t enqueue_kernel(orKernelFn fn, void* user_data, int host_threads,
+                           const char* name = nullptr);
   // Appends a named kernel (orLaunchFunction) with a copy of its parameter
   // bytes, made in the slot's own buffer (see Task::params).
-  void enqueue_function(orFunction_t fn, const void* params, size_t bytes,
-                        int host_threads);
+  orError_t enqueue_function(orFunction_t fn, const void* params,
+                             size_t bytes, int host_threads);
   // Appends a marker (an event record): when the worker reaches it, `signal`
   // runs under the stream's lock in the same step that counts it completed,
   // so "the event completed" and "the stream is idle" are never observed to
   // disagree. `signal` must be short and must not call into this stream.
-  void enqueue_marker(std::function<void()> signal);
+  orError_t enqueue_marker(std::function<void()> signal);
   // True once all work enqueued so far has finished.
   bool idle();
   // Blocks until all work enqueued before the call has finished, then returns
-  // and clears the first error a task recorded.
-  orError_t synchronize();
+  // and clears the first error a task recorded. `interruptible`: the host
+  // wait check may end it early (orErrorInterrupted, nothing cleared).
+  orError_t synchronize(bool interruptible = false);
+  // The completions counted so far (device_progress).
+  uint64_t completed() const {
+    return completed_.load(std::memory_order_acquire);
+  }
+  // What the worker runs now, "" if idle or not known (the watchdog's
+  // reason; kept only while the watchdog is on).
+  std::string running();
+  // Sets what running() says (the worker, a kernel that describes itself).
+  void note_running(std::string label);
   // Called from tasks: remembers the first failure (and its message).
   void record_error(orError_t err, const char* message = nullptr);
   // The message of the failure the last synchronize() returned.
@@ -325,6 +387,7 @@ struct orStream {
     // The kernel may keep host threads besides the worker busy (its
     // hostThreads attribute is 0 or more than 1): see run().
     bool host_threads = false;
+    const char* name = nullptr;  // orLaunchAttributes::name
   };
   // One ring entry. `seq` says whose turn it is: ticket t may fill the slot
   // when seq == t, the worker may take it when seq == t + 1.
@@ -334,17 +397,18 @@ struct orStream {
   };
   enum WorkerState : int { kNoWorker, kRunning, kSleeping };
 
-  void push(Task task);
+  orError_t push(Task task);
   // Claims the next ticket's slot, waiting while the ring is full; publish()
   // hands the filled slot to the worker.
-  Slot& claim(uint64_t* ticket);
+  Slot* claim(uint64_t* ticket);  // nullptr: the device was lost
   void publish(Slot& slot, uint64_t ticket);
   // The worker, after running the slot's task: clears it (keeping its
   // parameter buffer) and frees the slot for ticket head_ + kCapacity.
   void release(Slot& slot);
   void run();
-  // Blocks until `completed_ >= target` (spins briefly first).
-  void wait_completed(uint64_t target);
+  // Blocks until `completed_ >= target` (spins briefly first), or until the
+  // wait ends early (LongWait: interrupted, device lost).
+  orError_t wait_completed(uint64_t target, bool interruptible);
   // Called by the worker after counting completions: wakes the waiters whose
   // target is reached.
   void notify_waiters(uint64_t completed);
@@ -388,6 +452,10 @@ struct orStream {
   std::mutex proc_mu_;
   uint64_t proc_tail_ = 0;
   bool proc_started_ = false;
+
+  // The watchdog's view of the running task (only while it is on).
+  std::mutex running_mu_;  // guards running_
+  std::string running_;
 
   std::mutex mu_;  // markers and idle(); guards the three fields below
   orError_t error_ = orSuccess;

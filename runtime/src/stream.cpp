@@ -47,25 +47,30 @@ orStream::~orStream() {
   }
 }
 
-void orStream::enqueue(std::function<void()> task) {
+orError_t orStream::enqueue(std::function<void()> task) {
   Task t;
   t.fn = std::move(task);
-  push(std::move(t));
+  return push(std::move(t));
 }
 
-void orStream::enqueue_kernel(orKernelFn fn, void* user_data,
-                              int host_threads) {
+orError_t orStream::enqueue_kernel(orKernelFn fn, void* user_data,
+                              int host_threads, const char* name) {
   Task t;
   t.kernel = fn;
   t.user_data = user_data;
   t.host_threads = host_threads != 1;
-  push(std::move(t));
+  t.name = name;
+  return push(std::move(t));
 }
 
-void orStream::enqueue_function(orFunction_t fn, const void* params,
-                                size_t bytes, int host_threads) {
+orError_t orStream::enqueue_function(orFunction_t fn, const void* params,
+                                     size_t bytes, int host_threads) {
   uint64_t ticket = 0;
-  Slot& slot = claim(&ticket);
+  Slot* claimed = claim(&ticket);
+  if (claimed == nullptr) {
+    return orErrorDeviceLost;
+  }
+  Slot& slot = *claimed;
   Task& t = slot.task;
   t.function = fn;
   t.bytes = bytes;
@@ -80,21 +85,26 @@ void orStream::enqueue_function(orFunction_t fn, const void* params,
     std::memcpy(t.params.get(), params, bytes);
   }
   publish(slot, ticket);
+  return orSuccess;
 }
 
-void orStream::enqueue_marker(std::function<void()> signal) {
+orError_t orStream::enqueue_marker(std::function<void()> signal) {
   Task t;
   t.fn = std::move(signal);
   t.marker = true;
-  push(std::move(t));
+  return push(std::move(t));
 }
 
 // [doc:stream-push]
 // A launch: claim a ticket, fill its slot, publish it, make sure a worker
 // will see it. No lock unless the worker sleeps or must be started.
-void orStream::push(Task task) {
+orError_t orStream::push(Task task) {
   uint64_t ticket = 0;
-  Slot& slot = claim(&ticket);
+  Slot* claimed = claim(&ticket);
+  if (claimed == nullptr) {
+    return orErrorDeviceLost;
+  }
+  Slot& slot = *claimed;
   // The slot's parameter buffer stays with the slot.
   std::unique_ptr<char[]> params = std::move(slot.task.params);
   const size_t capacity = slot.task.params_capacity;
@@ -102,9 +112,10 @@ void orStream::push(Task task) {
   slot.task.params = std::move(params);
   slot.task.params_capacity = capacity;
   publish(slot, ticket);
+  return orSuccess;
 }
 
-orStream::Slot& orStream::claim(uint64_t* ticket) {
+orStream::Slot* orStream::claim(uint64_t* ticket) {
   *ticket = tail_.fetch_add(1, std::memory_order_acq_rel);
   Slot& slot = ring_[*ticket % kCapacity];
   while (slot.seq.load(std::memory_order_acquire) != *ticket) {
@@ -114,9 +125,15 @@ orStream::Slot& orStream::claim(uint64_t* ticket) {
     // slot: a host far ahead of the device then wakes once per kRefill
     // tasks rather than at every task the worker finishes (each wake takes
     // a core from the kernel running then, a stall for an OpenMP team).
-    wait_completed(*ticket + 1 - kCapacity + kRefill);
+    // The wait ends early only when the device is lost (a worker that will
+    // never free the slot: the watchdog); the launch then fails, and the
+    // lost device never runs the ticket.
+    if (wait_completed(*ticket + 1 - kCapacity + kRefill, false) !=
+        orSuccess) {
+      return nullptr;
+    }
   }
-  return slot;
+  return &slot;
 }
 
 void orStream::publish(Slot& slot, uint64_t ticket) {
@@ -164,10 +181,10 @@ bool orStream::idle() {
 // task (a run_sync of one kernel: waking a sleeping thread costs more than
 // the kernel often does), then sleeps until the worker's count reaches its
 // target. The worker wakes it then, not at every task it finishes.
-void orStream::wait_completed(uint64_t target) {
+orError_t orStream::wait_completed(uint64_t target, bool interruptible) {
   constexpr auto kSpin = std::chrono::microseconds(20);
   if (completed_.load(std::memory_order_acquire) >= target) {
-    return;
+    return orSuccess;
   }
   const openreg_rt::HostWaiting waiting;
   if (target - completed_.load(std::memory_order_acquire) <= 1) {
@@ -183,12 +200,27 @@ void orStream::wait_completed(uint64_t target) {
   std::unique_lock<std::mutex> lock(wait_mu_);
   const auto mine = waiters_.insert(target);
   wake_at_.store(*waiters_.begin(), std::memory_order_seq_cst);
-  wait_cv_.wait(lock, [&] {
+  const auto reached = [&] {
     return completed_.load(std::memory_order_seq_cst) >= target;
-  });
+  };
+  // In slices: a wait that lasts looks at the host wait check, the watchdog
+  // and a lost device between them (LongWait), without the lock, which the
+  // worker takes to wake waiters.
+  openreg_rt::LongWait long_wait(dev_, interruptible);
+  orError_t err = orSuccess;
+  while (!wait_cv_.wait_for(lock, openreg_rt::kWaitSlice, reached)) {
+    lock.unlock();
+    err = long_wait.tick();
+    lock.lock();
+    if (err != orSuccess && !reached()) {
+      break;
+    }
+    err = orSuccess;
+  }
   waiters_.erase(mine);
   wake_at_.store(waiters_.empty() ? UINT64_MAX : *waiters_.begin(),
                  std::memory_order_seq_cst);
+  return err;
 }
 
 void orStream::notify_waiters(uint64_t completed) {
@@ -201,11 +233,16 @@ void orStream::notify_waiters(uint64_t completed) {
 }
 // [/doc:stream-wait]
 
-orError_t orStream::synchronize() {
+orError_t orStream::synchronize(bool interruptible) {
   if (proc_ring_ >= 0) {
-    OR_RETURN_IF_ERROR(openreg_rt::proc::stream_synchronize(this));
+    OR_RETURN_IF_ERROR(
+        openreg_rt::proc::stream_synchronize(this, interruptible));
   } else {
-    wait_completed(tail_.load(std::memory_order_acquire));
+    const orError_t err =
+        wait_completed(tail_.load(std::memory_order_acquire), interruptible);
+    if (err == orErrorInterrupted) {
+      return err;  // nothing reported or cleared
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   orError_t err = error_;
@@ -221,6 +258,16 @@ void orStream::record_error(orError_t err, const char* message) {
     error_ = err;
     error_message_ = message != nullptr ? message : "";
   }
+}
+
+void orStream::note_running(std::string label) {
+  std::lock_guard<std::mutex> lock(running_mu_);
+  running_ = std::move(label);
+}
+
+std::string orStream::running() {
+  std::lock_guard<std::mutex> lock(running_mu_);
+  return running_;
 }
 
 std::string orStream::last_error_message() {
@@ -268,6 +315,7 @@ void orStream::run() {
   // or not depending on when the worker started).
   std::fesetenv(FE_DFL_ENV);
   bool may_hold_threads = false;  // ran a kernel with host_threads
+  const bool watchdog = openreg_rt::kernel_timeout_ns() != 0;
   for (;;) {
     Slot& slot = ring_[head_ % kCapacity];
     auto published = [&] {
@@ -309,6 +357,14 @@ void orStream::run() {
       notify_waiters(completed_.fetch_add(1, std::memory_order_seq_cst) + 1);
       continue;
     }
+    if (watchdog) {
+      // What the watchdog names if this task never ends.
+      const char* label = task.kernel != nullptr     ? task.name
+                          : task.function != nullptr ? task.function->name.c_str()
+                                                     : nullptr;
+      note_running(label == nullptr ? "(unnamed)"
+                                    : openreg_rt::kernel_label(label, nullptr));
+    }
     if (dev_->lost.load(std::memory_order_acquire)) {
       // A lost device runs nothing more: the task is dropped (a kernel's
       // user_data is not handed back; whoever waits sees
@@ -323,6 +379,10 @@ void orStream::run() {
       run_function(task);
     } else {
       task.fn();
+    }
+    if (watchdog) {
+      std::lock_guard<std::mutex> lock(running_mu_);
+      running_.clear();
     }
     // Captures are released before the task counts as completed.
     release(slot);
@@ -424,6 +484,11 @@ orError_t orStreamDestroy(orStream_t stream) {
     std::lock_guard<std::mutex> lock(dev->streams_mutex);
     dev->streams.erase(stream);
   }
+  if (err == orErrorDeviceLost && stream->proc_ring_ < 0 && !stream->idle()) {
+    // A worker that never finished its task (the watchdog lost the device
+    // around it) still uses the stream: it is left, not joined.
+    return err;
+  }
   delete stream;
   return err;
 }
@@ -458,7 +523,7 @@ orError_t orStreamQuery(orStream_t stream) {
 orError_t orStreamSynchronize(orStream_t stream) {
   OR_RETURN_IF_ERROR(ensure_init());
   resolve(&stream);
-  return stream->synchronize();
+  return stream->synchronize(/*interruptible=*/true);
 }
 
 orError_t orLaunchKernel(orStream_t stream, orKernelFn fn, void* user_data) {
@@ -481,8 +546,7 @@ orError_t orLaunchKernelEx(orStream_t stream, orKernelFn fn, void* user_data,
   }
   resolve(&stream);
   OR_RETURN_IF_ERROR(check_not_lost(stream->device()));
-  stream->enqueue_kernel(fn, user_data, attrs.hostThreads);
-  return orSuccess;
+  return stream->enqueue_kernel(fn, user_data, attrs.hostThreads, attrs.name);
 }
 
 }  // extern "C"

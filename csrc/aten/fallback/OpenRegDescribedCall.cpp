@@ -24,6 +24,7 @@
 #include "aten/fallback/OpenRegReservedResults.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
+#include "core/OpenRegInterrupt.h"
 #include "core/OpenRegLaunchStats.h"
 #include "core/OpenRegNamedKernels.h"
 #include "core/OpenRegStream.h"
@@ -58,9 +59,15 @@ class AnswerBuffer {
     std::memset(data_, 0, sizeof(call::AnswerHeader));
   }
   ~AnswerBuffer() {
+    if (abandoned_) {
+      return;  // the device may still write it: never reused
+    }
     const std::lock_guard<std::mutex> lock(mutex());
     pool().push_back(data_);
   }
+  // The host stopped waiting for the answer before the device gave it (the
+  // user's Ctrl-C): the buffer is left to the device.
+  void abandon() { abandoned_ = true; }
   AnswerBuffer(const AnswerBuffer&) = delete;
   AnswerBuffer& operator=(const AnswerBuffer&) = delete;
 
@@ -76,6 +83,7 @@ class AnswerBuffer {
     return *p;
   }
   uint8_t* data_ = nullptr;
+  bool abandoned_ = false;
 };
 
 // openreg_take_results only copies bytes, on the worker alone: no OpenMP
@@ -335,8 +343,22 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
                   named_kernel(NamedKernel::kDescribeCall), params.data(),
                   params.size(), elements);
   // The host needs the answer now: the call's own synchronization, which
-  // raises first what queued work before it deferred.
-  getCurrentStream(device.index()).synchronize();
+  // raises first what queued work before it deferred. Ctrl-C may end it (a
+  // user's kernel that never returns): the device then keeps the answer
+  // buffer; the results' device memory is freed in stream order, after the
+  // call.
+  {
+    const OpenRegStream stream = getCurrentStream(device.index());
+    const InterruptibleWait interruptible;
+    try {
+      stream.synchronize();
+    } catch (...) {
+      if (orStreamQuery(stream.native()) != orSuccess) {
+        answer.abandon();
+      }
+      throw;
+    }
+  }
 
   call::Reader r(answer.data(), kAnswerBytes);
   const auto h = r.get<call::AnswerHeader>();

@@ -51,6 +51,7 @@
 #include "aten/fallback/OpenRegQueuedCall.h"
 #include "aten/fallback/OpenRegReservedResults.h"
 #include "core/OpenRegFunctions.h"
+#include "core/OpenRegInterrupt.h"
 #include "core/OpenRegLaunchStats.h"
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegKernelScratch.h"
@@ -210,7 +211,10 @@ bool out_variant_matches(const OpTraits& traits,
           at::AutoDispatchBelowADInplaceOrView below_autograd;
           traits.out_variant->redispatchBoxed(
               c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
-        } catch (const std::exception&) {
+        } catch (const std::exception& e) {
+          if (is_interrupt(e)) {
+            throw;  // the user's Ctrl-C, not "the out= variant differs"
+          }
           ok = false;
         }
       },

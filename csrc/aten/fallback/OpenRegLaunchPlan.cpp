@@ -16,6 +16,7 @@
 
 #include "aten/OpenRegLaunch.h"
 #include "aten/fallback/OpenRegIValue.h"
+#include "core/OpenRegInterrupt.h"
 #include "kernels/OpenRegCallFormat.h"
 
 namespace openreg {
@@ -450,7 +451,10 @@ std::optional<std::vector<c10::IValue>> meta_results(
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     traits.handle->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta),
                                    &stack);
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
+    if (is_interrupt(e)) {
+      throw;  // Ctrl-C in a meta kernel written in Python: the user's
+    }
     return std::nullopt;
   }
   return std::move(stack);

@@ -211,6 +211,7 @@ TEST(ErrorStringTest, EveryCodeHasItsNameAndADistinctDescription) {
       {orErrorFileNotFound, 16, "orErrorFileNotFound"},
       {orErrorSymbolNotFound, 17, "orErrorSymbolNotFound"},
       {orErrorNotSupported, 18, "orErrorNotSupported"},
+      {orErrorInterrupted, 19, "orErrorInterrupted"},
   };
   std::set<std::string> descriptions;
   for (const Expected& e : kAll) {
@@ -232,7 +233,7 @@ TEST(ErrorStringTest, EveryCodeHasItsNameAndADistinctDescription) {
 TEST(ErrorStringTest, UnknownCodes) {
   // The value a C++ caller can form without UB (the enum's range is 0..31);
   // the lookup treats any other int the same way.
-  for (int code : {19, 31}) {
+  for (int code : {20, 31}) {
     SCOPED_TRACE(code);
     auto err = static_cast<orError_t>(code);
     ASSERT_NE(nullptr, orGetErrorString(err));

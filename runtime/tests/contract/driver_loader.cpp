@@ -97,6 +97,7 @@
     (orStream_t stream, orFunction_t function, const void* params,             \
      size_t bytes, const orLaunchAttributes* attributes),                      \
     (stream, function, params, bytes, attributes))                             \
+  X(orError_t, orSetHostWaitCheck, (orHostWaitCheckFn check), (check))         \
   X(orError_t, orStreamGetErrorMessage,                                        \
     (orStream_t stream, char* message, size_t size), (stream, message, size))  \
   X(orError_t, orDeviceTakeWarnings,                                           \

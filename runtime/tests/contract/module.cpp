@@ -1,6 +1,7 @@
 // Contract: named kernels (modules, functions, launches with byte
 // parameters). The kernels are those of tests/kernels/test_kernels.cpp,
 // loaded from OPENREG_TEST_KERNELS (default: the build's library).
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -518,6 +519,52 @@ TEST_F(ModuleTest, WarningsPastTheLimitAreCounted) {
   OR_ASSERT_OK(Launch(nullptr, "or_test_warn", OrTestWarn{100, 1}));
   OR_ASSERT_OK(orDeviceSynchronize());
   EXPECT_EQ(std::vector<std::string>{"warning 100"}, TakeWarnings(0));
+}
+
+// The host wait check (orSetHostWaitCheck): what a check that says "stop"
+// does to each kind of synchronization, and that the work goes on.
+std::atomic<int> g_checks{0};
+int StopAtSecondCheck() { return g_checks.fetch_add(1) >= 1 ? 1 : 0; }
+
+TEST_F(ModuleTest, HostWaitCheckEndsALongSynchronizationAndTheWorkGoesOn) {
+  StreamHandle stream;
+  EventHandle event;
+  GateLaunch gate(this, stream.get());
+  OR_ASSERT_OK(orEventRecord(event.get(), stream.get()));
+  gate.WaitEntered();
+  OR_ASSERT_OK(orSetHostWaitCheck(&StopAtSecondCheck));
+  for (int kind = 0; kind < 3; ++kind) {
+    SCOPED_TRACE(kind);
+    g_checks = 0;
+    const auto start = std::chrono::steady_clock::now();
+    const orError_t err = kind == 0   ? orStreamSynchronize(stream.get())
+                          : kind == 1 ? orEventSynchronize(event.get())
+                                      : orDeviceSynchronize();
+    EXPECT_EQ(orErrorInterrupted, err);
+    EXPECT_GE(g_checks.load(), 2);  // called while the wait lasted
+    EXPECT_GE(std::chrono::steady_clock::now() - start,
+              std::chrono::milliseconds(15));
+    EXPECT_EQ(orErrorNotReady, orStreamQuery(stream.get()));  // still runs
+  }
+  OR_ASSERT_OK(orSetHostWaitCheck(nullptr));
+  gate.Open();
+  OR_EXPECT_OK(orEventSynchronize(event.get()));
+  OR_EXPECT_OK(orStreamSynchronize(stream.get()));
+}
+
+TEST_F(ModuleTest, HostWaitCheckIsNotCalledForShortWaits) {
+  StreamHandle stream;
+  g_checks = 0;
+  OR_ASSERT_OK(orSetHostWaitCheck(&StopAtSecondCheck));
+  DeviceBuffer buf(64 * sizeof(uint32_t));
+  for (int i = 0; i < 20; ++i) {
+    OR_ASSERT_OK(Launch(stream.get(), "or_test_fill_u32",
+                        OrTestFill{reinterpret_cast<uint64_t>(buf.get()), 64,
+                                   static_cast<uint32_t>(i), 0}));
+    OR_EXPECT_OK(orStreamSynchronize(stream.get()));
+  }
+  OR_ASSERT_OK(orSetHostWaitCheck(nullptr));
+  EXPECT_EQ(0, g_checks.load());
 }
 
 }  // namespace
