@@ -213,7 +213,6 @@ def _both(fn):
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="open: out= resized before an error is not kept")
 def test_out_resized_before_an_error_keeps_its_shape():
     def fn(d):
         values = torch.empty(0, device=d)

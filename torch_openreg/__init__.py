@@ -12,11 +12,15 @@ point (``_autoload.py``), unless ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``.
 
 import atexit
 import os
+import sys
 import time
 
 import torch
 
-from torch_openreg import _C  # noqa: F401  (loading it registers the C++ side)
+from torch_openreg import (
+    _C,  # noqa: F401  (loading it registers the C++ side)
+    _post_import,
+)
 from torch_openreg import compile as _compile
 from torch_openreg import distributed as _distributed
 from torch_openreg import ipc as _ipc
@@ -106,8 +110,34 @@ def _check_dlpack_imports() -> None:
 # [/doc:dlpack-import]
 
 
+# [doc:faults-from-environment]
+def _arm_faults_from_environment() -> None:
+    """Arms OPENREG_FAULTS; a bad value raises its ValueError.
+
+    Under ``import torch`` (the autoload, which imports this package before
+    torch has imported its last module, ``torch._native``) torch would wrap
+    it in "Failed to load the backend extension: openreg", with the
+    ValueError only in the chain. There it is raised right after the
+    autoload instead, when torch imports ``torch._native``, so that
+    ``import torch`` itself raises the ValueError.
+    """
+    try:
+        _device_module.faults._arm_from_environment()
+    except ValueError as error:
+        if "torch._native" in sys.modules:
+            raise
+
+        def _raise(_module, error=error):
+            raise error
+
+        _post_import.when_imported("torch._native", _raise)
+
+
+# [/doc:faults-from-environment]
+
+
 _register()
-_device_module.faults._arm_from_environment()  # OPENREG_FAULTS
+_arm_faults_from_environment()  # OPENREG_FAULTS
 _fix_dlpack_device()
 _check_dlpack_imports()
 _distributed._register()

@@ -334,6 +334,7 @@ void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
   OPENREG_CHECK(
       orLaunchKernelEx(stream.native(), &run_sync_call, &call, &attrs));
   try {
+    const CallsOwnWait own;
     stream.synchronize();
   } catch (...) {
     wait_until_done(call, op);

@@ -15,6 +15,13 @@ std::string format_error(orError_t err, const char* expr) {
   msg += " from ";
   msg += expr;
   msg += ")";
+  if (err == orErrorInitializationError) {
+    char why[512] = {};
+    if (orGetInitErrorMessage(why, sizeof(why)) == orSuccess && why[0] != 0) {
+      msg += ": ";
+      msg += why;
+    }
+  }
   return msg;
 }
 

@@ -35,6 +35,23 @@ bool host_kernels_supported() noexcept {
   return g_host_kernels.load(std::memory_order_acquire);
 }
 
+namespace {
+
+void check_settings() {
+  // The switches of this layer take 0 or 1 (unset or empty: 0), as
+  // CUDA_LAUNCH_BLOCKING is used: anything else is a mistake to report, not
+  // a silent 0.
+  for (const char* name :
+       {"OPENREG_LAUNCH_BLOCKING", "OPENREG_FALLBACK_WARNINGS"}) {
+    const char* env = std::getenv(name);
+    TORCH_CHECK(env == nullptr || env[0] == '\0' ||
+                    std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
+                name, "='", env, "' is not 0 or 1");
+  }
+}
+
+}  // namespace
+
 void lazy_init() {
   TORCH_CHECK(!is_in_bad_fork(),
               "Cannot re-initialize openreg in forked subprocess. To use "
@@ -45,6 +62,7 @@ void lazy_init() {
   }
   static std::once_flag once;
   std::call_once(once, [] {
+    check_settings();
     OPENREG_CHECK(orInit());
     // Does the driver run host closures? A driver whose devices run in
     // their own processes (OPENREG_DRIVER=process) runs named kernels only.
@@ -71,7 +89,8 @@ c10::DeviceIndex device_count() noexcept {
     int n = 0;
     orError_t err = orGetDeviceCount(&n);
     if (err != orSuccess) {
-      TORCH_WARN("openreg: no devices available: ", orGetErrorString(err));
+      TORCH_WARN("openreg: no devices available: ",
+                 format_error(err, "orGetDeviceCount"));
       return c10::DeviceIndex{0};
     }
     if (n > kMaxDevices) {

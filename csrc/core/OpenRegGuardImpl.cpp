@@ -1,10 +1,10 @@
-#include "core/OpenRegInterrupt.h"
 #include "core/OpenRegGuardImpl.h"
 
 #include <c10/core/CachingDeviceAllocator.h>
 
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
+#include "core/OpenRegInterrupt.h"
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
 

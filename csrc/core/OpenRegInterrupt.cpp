@@ -12,6 +12,9 @@ std::atomic<bool (*)()> g_pending{nullptr};
 std::atomic<void (*)()> g_raise{nullptr};
 std::atomic<bool (*)(const std::exception&)> g_is_interrupt{nullptr};
 thread_local bool t_interruptible = false;
+// The check said "interrupted" and the hook kept the error: raised after the
+// wait, even when the wait ended anyway at the same moment.
+thread_local bool t_interrupt_kept = false;
 
 }  // namespace
 
@@ -32,15 +35,26 @@ int host_wait_check() {
     return 0;
   }
   bool (*pending)() = g_pending.load(std::memory_order_acquire);
-  return pending != nullptr && pending() ? 1 : 0;
+  if (pending == nullptr || !pending()) {
+    return 0;
+  }
+  t_interrupt_kept = true;
+  return 1;
+}
+
+bool take_kept_interrupt() {
+  const bool kept = t_interrupt_kept;
+  t_interrupt_kept = false;
+  return kept;
 }
 
 void raise_interrupt() {
   if (void (*raise)() = g_raise.load(std::memory_order_acquire)) {
     raise();
   }
-  TORCH_INTERNAL_ASSERT(false, "openreg: a host wait was interrupted, but no "
-                               "interrupt hook is installed");
+  TORCH_INTERNAL_ASSERT(false,
+                        "openreg: a host wait was interrupted, but no "
+                        "interrupt hook is installed");
 }
 
 bool is_interrupt(const std::exception& e) {

@@ -45,6 +45,10 @@ class InterruptibleWait {
 
 // The runtime's host wait check (orSetHostWaitCheck); installed at init.
 int host_wait_check();
+// Whether the check interrupted a wait of this thread since the last call
+// (clears it): the wait's caller then raises the interrupt, also when the
+// awaited work finished at the same moment.
+bool take_kept_interrupt();
 // After a wait returned orErrorInterrupted: raises the user's interrupt.
 [[noreturn]] void raise_interrupt();
 // True if `e` is the user's interrupt: a catch that turns an operator's

@@ -24,6 +24,7 @@ std::unordered_map<orStream_t, std::string> g_errors;
 std::unordered_map<orStream_t, std::vector<c10::Warning>> g_warnings;
 
 std::atomic<SyncTraceFn> g_sync_trace{nullptr};
+thread_local bool t_calls_own_wait = false;
 std::atomic<HostWaitHook> g_host_wait{nullptr};
 
 // Runs `wait` (which blocks on the runtime) through the host wait hook.
@@ -37,7 +38,7 @@ orError_t host_wait(F&& wait) {
   } else {
     call();
   }
-  if (err == orErrorInterrupted) {
+  if (take_kept_interrupt() || err == orErrorInterrupted) {
     // The user's Ctrl-C in an InterruptibleWait (OpenRegInterrupt.h): the
     // device's work goes on, its errors wait for the next synchronization.
     raise_interrupt();
@@ -129,6 +130,9 @@ void raise_deferred(orError_t err, orStream_t stream, c10::DeviceIndex device) {
       launch_blocking()
           ? "\n(OPENREG_LAUNCH_BLOCKING=1: the failure is raised at the "
             "launch of the kernel that failed.)"
+      : t_calls_own_wait
+          ? "\n(Raised by a call that runs synchronously: it waits for its "
+            "own kernel and for every kernel queued before it.)"
           : "\n(Kernels run asynchronously: the failure is reported at the "
             "next synchronization. Set OPENREG_LAUNCH_BLOCKING=1 to raise it "
             "at the launch.)";
@@ -138,6 +142,12 @@ void raise_deferred(orError_t err, orStream_t stream, c10::DeviceIndex device) {
 }
 
 }  // namespace
+
+CallsOwnWait::CallsOwnWait() : previous_(t_calls_own_wait) {
+  t_calls_own_wait = true;
+}
+
+CallsOwnWait::~CallsOwnWait() { t_calls_own_wait = previous_; }
 
 // [doc:kernel-errors]
 void record_kernel_failure(orStream_t stream, const std::string& op,

@@ -30,6 +30,20 @@ void record_kernel_failure(orStream_t stream, const std::string& op,
 // are raised at any synchronization of their device too.
 void record_kernel_warning(orStream_t stream, const c10::Warning& warning);
 
+// Marks, for its scope, a synchronization that is the call's own wait (a
+// kernel that runs synchronously: its failure is raised at the call, and
+// the error's hint says so instead of pointing at asynchronous launches).
+class CallsOwnWait {
+ public:
+  CallsOwnWait();
+  ~CallsOwnWait();
+  CallsOwnWait(const CallsOwnWait&) = delete;
+  CallsOwnWait& operator=(const CallsOwnWait&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Waits until all work queued on `stream` (a stream of `device`, id `id`)
 // has finished; raises the deferred errors of that stream.
 void synchronize_stream(orStream_t stream, c10::DeviceIndex device, int64_t id);

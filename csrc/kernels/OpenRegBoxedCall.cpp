@@ -172,10 +172,12 @@ class Decoder {
                              &stack);
       } catch (const c10::Error& e) {
         return a.fail(recorded, call::AnswerStatus::kFailed, error_kind(e),
-                      e.what_without_backtrace(), answer, capacity);
+                      e.what_without_backtrace(), answer, capacity,
+                      resized_written());
       } catch (const std::exception& e) {
         return a.fail(recorded, call::AnswerStatus::kFailed,
-                      call::ErrorKind::kOther, e.what(), answer, capacity);
+                      call::ErrorKind::kOther, e.what(), answer, capacity,
+                      resized_written());
       }
     }
     c10::SmallVector<std::pair<uint16_t, at::Tensor>, 2> written;
@@ -203,6 +205,27 @@ class Decoder {
   // [/doc:described-call-device]
 
  private:
+  // The written tensors the CPU kernel resized before it raised (as on the
+  // CPU, its out= arguments keep their new shape): their index and new
+  // sizes and strides, for a failed call's answer.
+  std::vector<call::ResizedTensor> resized_written() const {
+    std::vector<call::ResizedTensor> out;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const DecodedTensor& t = tensors_[i];
+      if (!t.written || !t.view.defined() ||
+          (t.view.sizes() == c10::IntArrayRef(t.sizes) &&
+           t.view.strides() == c10::IntArrayRef(t.strides))) {
+        continue;
+      }
+      call::ResizedTensor r;
+      r.tensor = static_cast<uint16_t>(i);
+      r.sizes.assign(t.view.sizes().begin(), t.view.sizes().end());
+      r.strides.assign(t.view.strides().begin(), t.view.strides().end());
+      out.push_back(std::move(r));
+    }
+    return out;
+  }
+
   // Whether this process has the call's operator with a CPU kernel (not
   // one registered in the host's process only).
   bool knows_operator() const {

@@ -88,19 +88,36 @@ class AnswerWriter {
     return true;
   }
 
-  // A failed or unsupported call's answer; nothing is kept.
-  std::vector<c10::Storage> fail(const RecordWarnings& recorded,
-                                 call::AnswerStatus status,
-                                 call::ErrorKind kind, const std::string& what,
-                                 uint8_t* answer, size_t capacity) {
+  // A failed or unsupported call's answer; nothing is kept. `resized`: the
+  // written tensors the kernel resized before it failed.
+  std::vector<c10::Storage> fail(
+      const RecordWarnings& recorded, call::AnswerStatus status,
+      call::ErrorKind kind, const std::string& what, uint8_t* answer,
+      size_t capacity, const std::vector<call::ResizedTensor>& resized = {}) {
     call::AnswerHeader h{};
     h.status = status;
+    h.n_written = static_cast<uint16_t>(resized.size());
     call::Writer w(begin(h, recorded));
     w.put(kind);
-    // Room for the header and the warnings: a long message is cut.
-    const size_t room =
-        capacity > bytes_.size() + 64 ? capacity - bytes_.size() - 64 : 0;
+    size_t resized_bytes = 0;
+    for (const call::ResizedTensor& r : resized) {
+      resized_bytes += 3 + 16 * r.sizes.size();
+    }
+    // Room for the header, the warnings and the resized tensors: a long
+    // message is cut.
+    const size_t used = bytes_.size() + 64 + resized_bytes;
+    const size_t room = capacity > used ? capacity - used : 0;
     text(w, what.size() > room ? what.substr(0, room) : what);
+    for (const call::ResizedTensor& r : resized) {
+      w.put(r.tensor);
+      w.put(static_cast<uint8_t>(r.sizes.size()));
+      for (int64_t v : r.sizes) {
+        w.put(v);
+      }
+      for (int64_t v : r.strides) {
+        w.put(v);
+      }
+    }
     finish(answer, capacity);
     return {};
   }

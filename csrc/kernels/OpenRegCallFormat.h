@@ -192,7 +192,10 @@ struct ResultRecord {
 //   warnings    n_warnings x (uint8 deprecation, uint8 verbatim, uint32
 //               line, then file, function and message, each uint32 n and n
 //               bytes): what the kernel warned, where in its source
-//   error       (kFailed, kUnsupported) uint8 ErrorKind, uint32 n, n bytes
+//   error       (kFailed, kUnsupported) uint8 ErrorKind, uint32 n, n bytes,
+//               then (kFailed) n_written x (uint16 tensor, uint8 ndim, ndim
+//               sizes, ndim strides): the written tensors the kernel resized
+//               before it raised (the CPU's out= arguments keep that shape)
 //   new storages  n_new_storages x uint64 byte size
 //   replaced    n_replaced x (uint16 call storage, uint16 new storage): a
 //               device storage of the call the kernel reallocated (resize_
@@ -243,6 +246,13 @@ enum class ErrorKind : uint8_t {
   kOutOfMemory,
   kEnforceFinite,
   kOther,  // a std::exception
+};
+
+// A written tensor a failed call's kernel resized (see the answer above).
+struct ResizedTensor {
+  uint16_t tensor = 0;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
 };
 
 struct AnswerHeader {

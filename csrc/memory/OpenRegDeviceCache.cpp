@@ -250,7 +250,14 @@ Block* DeviceCache::take_free_block(BlockPool& pool, c10::StreamId stream,
 Block* DeviceCache::new_segment(
     BlockPool& pool, c10::StreamId stream, size_t size, size_t orig_size,
     WhenFull when_full, const std::shared_ptr<c10::GatheredContext>& context) {
-  const size_t alloc_size = segment_size(size);
+  // A segment never exceeds what the device (or the process's fraction of
+  // it) can hold: on a small device (OPENREG_DEVICE_MEMORY=1M) a 2 MiB small
+  // segment, or a 20 MiB large one, would fail every allocation; the block
+  // itself is then the segment.
+  size_t alloc_size = segment_size(size);
+  if (alloc_size > allowed()) {
+    alloc_size = size;
+  }
   void* ptr = nullptr;
   orError_t err = try_malloc(alloc_size, &ptr);
   if (err == orErrorMemoryAllocation && when_full == WhenFull::kGiveUp) {

@@ -116,6 +116,11 @@ OPENREG_API const char* orGetErrorName(orError_t error);
  * them does. Idempotent. Fails with orErrorInitializationError on a bad
  * environment and orErrorInitializedInParent in a forked child. */
 OPENREG_API orError_t orInit(void);
+/* Why initialisation failed: the setting that is wrong ("OPENREG_DRIVER='x'
+ * is not 'thread' ... or 'process' ...") or the step that failed; "" when it
+ * did not fail, or has not run yet. At most size - 1 characters,
+ * NUL-terminated. Errors: orErrorInvalidValue (message NULL with size > 0). */
+OPENREG_API orError_t orGetInitErrorMessage(char* message, size_t size);
 
 /* Version of this runtime, as major * 1000 + minor * 10. */
 OPENREG_API orError_t orRuntimeGetVersion(int* version);

@@ -34,6 +34,13 @@ constexpr int kPriorityGreatest = -1;
 
 thread_local int t_current_device = 0;
 
+// Why creating the devices failed (orGetInitErrorMessage); set before the
+// initialisation's status.
+std::string& init_message() {
+  static auto* message = new std::string();  // leaked: read until exit
+  return *message;
+}
+
 // Parses "123", "64K", "512M", "4G", "1T" (binary units). Returns false if
 // bad.
 bool parse_bytes(const char* text, size_t* out) {
@@ -95,8 +102,11 @@ orError_t create_device(int index, size_t capacity, bool kernel_view,
     return orErrorInitializationError;
   }
   auto fail = [&dev](const char* what) {
-    std::fprintf(stderr, "openreg: %s failed for device %d: %s\n", what,
-                 dev->index, std::strerror(errno));
+    char text[256];
+    std::snprintf(text, sizeof(text), "%s failed for device %d: %s", what,
+                  dev->index, std::strerror(errno));
+    std::fprintf(stderr, "openreg: %s\n", text);
+    init_message() = text;
     if (dev->device_base != nullptr) {
       munmap(dev->device_base, dev->capacity);
     }
@@ -150,9 +160,20 @@ struct Config {
   orError_t status = orErrorInitializationError;
   int count = kDefaultDeviceCount;
   size_t capacity = kDefaultCapacity;
-  bool process = false;  // OPENREG_DRIVER=process
+  bool process = false;           // OPENREG_DRIVER=process
   int64_t kernel_timeout_ns = 0;  // OPENREG_KERNEL_TIMEOUT, 0: off
+  std::string message;            // why status is not orSuccess
 };
+
+// Reports a bad setting on stderr and keeps the text for
+// orGetInitErrorMessage.
+template <typename... Args>
+void bad_setting(Config& c, const char* format, Args... args) {
+  char text[512];
+  std::snprintf(text, sizeof(text), format, args...);
+  std::fprintf(stderr, "openreg: %s\n", text);
+  c.message = text;
+}
 
 const Config& config() {
   static const Config cfg = [] {
@@ -164,10 +185,10 @@ const Config& config() {
       long v = std::strtol(env, &end, 10);
       if (*env < '0' || *env > '9' || end == env || *end != '\0' || v < 1 ||
           v > kMaxDeviceCount) {
-        std::fprintf(stderr,
-                     "openreg: OPENREG_DEVICE_COUNT='%s' is not a number in "
-                     "[1, %d]\n",
-                     env, kMaxDeviceCount);
+        bad_setting(c,
+                    "OPENREG_DEVICE_COUNT='%s' is not a number in "
+                    "[1, %d]",
+                    env, kMaxDeviceCount);
         return c;
       }
       c.count = static_cast<int>(v);
@@ -175,11 +196,11 @@ const Config& config() {
     if (const char* env = std::getenv("OPENREG_DEVICE_MEMORY")) {
       if (!parse_bytes(env, &c.capacity) || c.capacity < kMinCapacity ||
           c.capacity > kMaxCapacity) {
-        std::fprintf(stderr,
-                     "openreg: OPENREG_DEVICE_MEMORY='%s' is not a size from "
-                     "1M to 1T per device (examples: 1073741824, 512M, 4G, "
-                     "1T)\n",
-                     env);
+        bad_setting(c,
+                    "OPENREG_DEVICE_MEMORY='%s' is not a size from "
+                    "1M to 1T per device (examples: 1073741824, 512M, 4G, "
+                    "1T)",
+                    env);
         return c;
       }
     }
@@ -187,11 +208,11 @@ const Config& config() {
       if (std::strcmp(env, "process") == 0) {
         c.process = true;
       } else if (std::strcmp(env, "thread") != 0 && *env != '\0') {
-        std::fprintf(stderr,
-                     "openreg: OPENREG_DRIVER='%s' is not 'thread' (each "
-                     "device a set of threads of this process, the default) "
-                     "or 'process' (each device a process of its own)\n",
-                     env);
+        bad_setting(c,
+                    "OPENREG_DRIVER='%s' is not 'thread' (each "
+                    "device a set of threads of this process, the default) "
+                    "or 'process' (each device a process of its own)",
+                    env);
         return c;
       }
     }
@@ -201,12 +222,12 @@ const Config& config() {
       errno = 0;
       const double v = std::strtod(env, &end);
       const bool plain = (*env >= '0' && *env <= '9') || *env == '.';
-      if (*env != '\0' && (!plain || errno != 0 || end == env ||
-                            *end != '\0' || !(v >= 0) || v > 86400)) {
-        std::fprintf(stderr,
-                     "openreg: OPENREG_KERNEL_TIMEOUT='%s' is not a number of "
-                     "seconds in [0, 86400] (0: no watchdog)\n",
-                     env);
+      if (*env != '\0' && (!plain || errno != 0 || end == env || *end != '\0' ||
+                           !(v >= 0) || v > 86400)) {
+        bad_setting(c,
+                    "OPENREG_KERNEL_TIMEOUT='%s' is not a number of "
+                    "seconds in [0, 86400] (0: no watchdog)",
+                    env);
         return c;
       }
       c.kernel_timeout_ns = static_cast<int64_t>(v * 1e9);
@@ -329,6 +350,27 @@ using namespace openreg_rt;
 extern "C" {
 
 orError_t orInit(void) { return ensure_init(); }
+
+orError_t orGetInitErrorMessage(char* message, size_t size) {
+  if (message == nullptr && size != 0) {
+    return orErrorInvalidValue;
+  }
+  std::string text;
+  if (!g_forked.load(std::memory_order_relaxed)) {
+    const Config& c = config();
+    text = c.status != orSuccess ? c.message
+           : init_state().status != orSuccess
+               ? (init_message().empty() ? std::string("the device processes "
+                                                       "did not start (see "
+                                                       "stderr)")
+                                         : init_message())
+               : std::string();
+  }
+  if (size != 0) {
+    std::snprintf(message, size, "%s", text.c_str());
+  }
+  return orSuccess;
+}
 
 orError_t orRuntimeGetVersion(int* version) {
   if (version == nullptr) {

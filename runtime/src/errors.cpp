@@ -15,8 +15,8 @@ constexpr ErrorInfo kErrors[] = {
      "invalid argument (null pointer, zero or out-of-range value)"},
     {orErrorMemoryAllocation, "orErrorMemoryAllocation", "out of memory"},
     {orErrorInitializationError, "orErrorInitializationError",
-     "openreg runtime initialization failed (check OPENREG_DEVICE_COUNT and "
-     "OPENREG_DEVICE_MEMORY)"},
+     "openreg runtime initialization failed (orGetInitErrorMessage says "
+     "why)"},
     {orErrorInvalidDevice, "orErrorInvalidDevice", "invalid device ordinal"},
     {orErrorInvalidDevicePointer, "orErrorInvalidDevicePointer",
      "invalid device pointer (not a live device allocation, or freed twice)"},

@@ -27,7 +27,7 @@ struct KernelCall {
   orStream* stream = nullptr;
   std::string message;  // first report_error of this call
   bool reported = false;
-  std::string activity;  // the last describe()
+  std::string activity;   // the last describe()
   const char* name = "";  // the function's
 };
 

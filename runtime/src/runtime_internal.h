@@ -342,8 +342,8 @@ struct orStream {
                            const char* name = nullptr);
   // Appends a named kernel (orLaunchFunction) with a copy of its parameter
   // bytes, made in the slot's own buffer (see Task::params).
-  orError_t enqueue_function(orFunction_t fn, const void* params,
-                             size_t bytes, int host_threads);
+  orError_t enqueue_function(orFunction_t fn, const void* params, size_t bytes,
+                             int host_threads);
   // Appends a marker (an event record): when the worker reaches it, `signal`
   // runs under the stream's lock in the same step that counts it completed,
   // so "the event completed" and "the stream is idle" are never observed to

@@ -54,7 +54,7 @@ orError_t orStream::enqueue(std::function<void()> task) {
 }
 
 orError_t orStream::enqueue_kernel(orKernelFn fn, void* user_data,
-                              int host_threads, const char* name) {
+                                   int host_threads, const char* name) {
   Task t;
   t.kernel = fn;
   t.user_data = user_data;
@@ -128,8 +128,7 @@ orStream::Slot* orStream::claim(uint64_t* ticket) {
     // The wait ends early only when the device is lost (a worker that will
     // never free the slot: the watchdog); the launch then fails, and the
     // lost device never runs the ticket.
-    if (wait_completed(*ticket + 1 - kCapacity + kRefill, false) !=
-        orSuccess) {
+    if (wait_completed(*ticket + 1 - kCapacity + kRefill, false) != orSuccess) {
       return nullptr;
     }
   }
@@ -359,9 +358,10 @@ void orStream::run() {
     }
     if (watchdog) {
       // What the watchdog names if this task never ends.
-      const char* label = task.kernel != nullptr     ? task.name
-                          : task.function != nullptr ? task.function->name.c_str()
-                                                     : nullptr;
+      const char* label = task.kernel != nullptr ? task.name
+                          : task.function != nullptr
+                              ? task.function->name.c_str()
+                              : nullptr;
       note_running(label == nullptr ? "(unnamed)"
                                     : openreg_rt::kernel_label(label, nullptr));
     }

@@ -40,6 +40,7 @@ docs/faults.md.
 """
 
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -117,8 +118,27 @@ def fail_kernel(
     if not isinstance(op, str) or not op:
         raise ValueError(f"op must name an operator such as 'aten::mm', got {op!r}")
     d, a = _index(device), _count("after", after)
+    _warn_if_unknown_operator(op)
     fid = _C._fault_fail_kernel(op, d, a, bool(sticky))
     return Fault(fid, f"fail_kernel(op={op!r}, device={d}, after={a}, sticky={bool(sticky)})")
+
+
+def _warn_if_unknown_operator(op: str) -> None:
+    """A fault for an operator that does not exist would never fire: say so."""
+    names = set(torch._C._dispatch_get_all_op_names())
+    # The names kernels run under: operators ("aten::mm", "aten::add.Tensor")
+    # and the collectives of the process group ("c10d::allreduce").
+    if op in names or op + ".default" in names or op.startswith("c10d::"):
+        return
+    import difflib
+
+    close = difflib.get_close_matches(op, names, n=3)
+    hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+    warnings.warn(
+        f"fail_kernel: no operator is named {op!r}{hint}; the fault never fires. "
+        "Name it as the fallback log does: 'aten::mm', 'aten::add.Tensor'.",
+        stacklevel=3,
+    )
 
 
 def lose_device(device: Any, reason: str = "lost (torch.openreg.faults.lose_device)") -> None:

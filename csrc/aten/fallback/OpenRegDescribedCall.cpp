@@ -1,9 +1,11 @@
 #include "aten/fallback/OpenRegDescribedCall.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/ScalarType.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 #include <openreg.h>
@@ -28,6 +30,7 @@
 #include "core/OpenRegLaunchStats.h"
 #include "core/OpenRegNamedKernels.h"
 #include "core/OpenRegStream.h"
+#include "core/OpenRegSynchronize.h"
 #include "kernels/OpenRegCallFormat.h"
 #include "memory/OpenRegAllocator.h"
 
@@ -351,6 +354,7 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
     const OpenRegStream stream = getCurrentStream(device.index());
     const InterruptibleWait interruptible;
     try {
+      const CallsOwnWait own;  // a failure is raised at this call
       stream.synchronize();
     } catch (...) {
       if (orStreamQuery(stream.native()) != orSuccess) {
@@ -406,6 +410,31 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
     for (const c10::Warning& w : warnings) {
       c10::warn(w);
     }
+    // [doc:failed-call-resized]
+    // What the kernel resized before it raised keeps the new shape, as on
+    // the CPU: `torch.cumsum(arange(3), 0, out=<2 bools>)` raises with
+    // `out` of size 3. The device memory is allocated here; its contents
+    // are unspecified, as after the CPU's resize.
+    for (uint16_t i = 0; i < h.n_written; ++i) {
+      const auto index = r.get<uint16_t>();
+      const auto ndim = r.get<uint8_t>();
+      std::vector<int64_t> sizes(ndim);
+      std::vector<int64_t> strides(ndim);
+      for (int64_t& v : sizes) {
+        v = r.get<int64_t>();
+      }
+      for (int64_t& v : strides) {
+        v = r.get<int64_t>();
+      }
+      TORCH_INTERNAL_ASSERT(index < tensors.size());
+      at::Tensor dev = tensors[index];
+      const at::AutoDispatchBelowADInplaceOrView below_autograd;
+      dev.resize_(sizes);
+      if (dev.strides() != c10::IntArrayRef(strides)) {
+        dev.as_strided_(sizes, strides, dev.storage_offset());
+      }
+    }
+    // [/doc:failed-call-resized]
     raise(kind, std::move(what));
   }
   for (const c10::Warning& w : warnings) {

@@ -48,6 +48,7 @@
 #include "aten/fallback/OpenRegLaunchPlan.h"
 #include "aten/fallback/OpenRegLayouts.h"
 #include "aten/fallback/OpenRegOpTraits.h"
+#include "aten/fallback/OpenRegOutResize.h"
 #include "aten/fallback/OpenRegQueuedCall.h"
 #include "aten/fallback/OpenRegReservedResults.h"
 #include "core/OpenRegFunctions.h"
@@ -233,9 +234,9 @@ bool out_variant_matches(const OpTraits& traits,
 
 // The synchronous path: the CPU kernel on the calling thread, after the
 // stream drained. Its errors and warnings reach the caller directly.
-void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
-                       torch::jit::Stack* stack, c10::Device device,
-                       LaunchDecision decision) {
+void run_synchronously_impl(const c10::OperatorHandle& op,
+                            const OpTraits& traits, torch::jit::Stack* stack,
+                            c10::Device device, LaunchDecision decision) {
   const size_t num_args = traits.writes.size();
   const size_t first = stack->size() - num_args;
   // Keep the original arguments: in-place results return them.
@@ -410,6 +411,18 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
     learn_launch(std::move(decision), traits, originals,
                  c10::ArrayRef<c10::IValue>(*stack).slice(ret_first), run);
   }
+}
+
+// An out-of-memory error for the empty out= arguments comes before the run
+// (OpenRegOutResize.h).
+void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
+                       torch::jit::Stack* stack, c10::Device device,
+                       LaunchDecision decision) {
+  if (traits.writes_any) {
+    const size_t num_args = traits.writes.size();
+    check_room_for_empty_outs(traits, torch::jit::last(*stack, num_args));
+  }
+  run_synchronously_impl(op, traits, stack, device, std::move(decision));
 }
 
 // [doc:fallback-dispatch]

@@ -73,6 +73,16 @@ c10::IValue map_tensors(const c10::IValue& v, F&& f) {
   return v;
 }
 
+// A factory's device= argument, for a replay on Meta tensors: an openreg
+// device becomes the meta device (a meta kernel written in Python would
+// otherwise make real device tensors, and compute with them).
+inline c10::IValue to_meta_device(c10::IValue v) {
+  if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+    return c10::IValue(c10::Device(c10::kMeta));
+  }
+  return v;
+}
+
 // The operator's name for messages ("aten::add.out").
 inline std::string op_name(const c10::FunctionSchema& schema) {
   std::string name = schema.name();

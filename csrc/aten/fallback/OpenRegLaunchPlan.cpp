@@ -441,11 +441,11 @@ std::optional<std::vector<c10::IValue>> meta_results(
   DropWarnings drop;  // the call's own run gives the operator's warnings
   try {
     for (const c10::IValue& v : args) {
-      stack.push_back(map_tensors(v, [](const at::Tensor& t) {
+      stack.push_back(to_meta_device(map_tensors(v, [](const at::Tensor& t) {
         return t.defined() ? at::empty_strided(t.sizes(), t.strides(),
                                                t.options().device(c10::kMeta))
                            : t;
-      }));
+      })));
     }
     const c10::WarningUtils::WarningHandlerGuard quiet(&drop);
     at::AutoDispatchBelowADInplaceOrView below_autograd;

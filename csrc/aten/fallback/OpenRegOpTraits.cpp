@@ -269,6 +269,7 @@ std::unique_ptr<OpTraits> compute_traits(const c10::OperatorHandle& op) {
     t->arg_keys.push_back(key);
     const c10::AliasInfo* alias = a.alias_info();
     t->writes.push_back(alias != nullptr && alias->isWrite());
+    t->writes_any = t->writes_any || t->writes.back();
   }
   for (const c10::Argument& r : schema.returns()) {
     int arg = -1;

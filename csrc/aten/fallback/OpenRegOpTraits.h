@@ -75,6 +75,7 @@ struct OpTraits {
   std::optional<c10::OperatorHandle> handle;
   std::vector<ArgKey> arg_keys;  // one per argument
   std::vector<bool> writes;      // one per argument: written (alias a!)
+  bool writes_any = false;       // some argument is written
   std::vector<bool> generator;   // one per argument: a Generator(?)
   std::vector<int> return_arg;   // one per return: the argument it is, or -1
   // The out= variant of a structured or pointwise functional operator

@@ -24,6 +24,8 @@
   X(const char*, orGetErrorString, (orError_t error), (error))                 \
   X(const char*, orGetErrorName, (orError_t error), (error))                   \
   X(orError_t, orInit, (void), ())                                             \
+  X(orError_t, orGetInitErrorMessage, (char* message, size_t size),            \
+    (message, size))                                                           \
   X(orError_t, orRuntimeGetVersion, (int* version), (version))                 \
   X(orError_t, orGetDeviceCount, (int* count), (count))                        \
   X(orError_t, orSetDevice, (int device), (device))                            \
