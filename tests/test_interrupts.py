@@ -219,6 +219,11 @@ x = torch.ones(256, 256, device="openreg")
 (x @ x).sum().item()  # learnt: the next product is queued
 pid = device_pids()[0]
 os.kill(pid, signal.SIGSTOP)  # the device makes no progress from now on
+def state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+while state(pid) != "T":  # the stop is asynchronous
+    time.sleep(0.001)
 y = x @ x
 start = time.monotonic()
 if sys.argv[1] == "ctrl-c":

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <utility>
 
+#include "kernels/OpenRegReservedBlocks.h"
+
 namespace openreg {
 
 using call::Tag;
@@ -297,6 +299,7 @@ std::vector<c10::Storage> answer_done(const RanCall& ran,
   call::Writer w(body);
   for (const c10::Storage& s : fresh) {
     w.put(static_cast<uint64_t>(s.nbytes()));
+    w.put(static_cast<int64_t>(kernels::reserved_block_of(s.data())));
   }
   for (const auto& [k, j] : replaced) {
     w.put(k);

@@ -196,7 +196,8 @@ struct ResultRecord {
 //               then (kFailed) n_written x (uint16 tensor, uint8 ndim, ndim
 //               sizes, ndim strides): the written tensors the kernel resized
 //               before it raised (the CPU's out= arguments keep that shape)
-//   new storages  n_new_storages x uint64 byte size
+//   new storages  n_new_storages x (uint64 byte size, int64 the reserved
+//               block it is made in, -1: memory of the device's own)
 //   replaced    n_replaced x (uint16 call storage, uint16 new storage): a
 //               device storage of the call the kernel reallocated (resize_
 //               of an out= argument); its tensors keep naming it
@@ -216,6 +217,16 @@ struct DescribeParams {
   uint16_t out_name_len;
   uint16_t out_overload_len;
   uint32_t call_bytes;
+  // After the call's bytes: n_reserved x ReservedBlock, the device memory
+  // the host allocated for the results before the launch; a new storage of
+  // exactly a block's size is made in it (kernels/OpenRegWorkspace.h).
+  uint32_t n_reserved;
+  uint32_t reserved_pad;
+};
+
+struct ReservedBlock {
+  uint64_t address;  // device address
+  uint64_t bytes;
 };
 
 // openreg_take_results: a TakeResultsParams, then n uint64 device addresses

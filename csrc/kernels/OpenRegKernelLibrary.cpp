@@ -28,6 +28,7 @@
 #include "kernels/OpenRegCompiledKernelFormat.h"
 #include "kernels/OpenRegCustomOpKernels.h"
 #include "kernels/OpenRegDropout.h"
+#include "kernels/OpenRegReservedBlocks.h"
 #include "kernels/OpenRegWorkspace.h"
 
 namespace {
@@ -304,11 +305,13 @@ extern "C" __attribute__((visibility("default"))) int openreg_describe_call(
   }
   std::memcpy(&p, params, sizeof(p));
   const size_t names = sizeof(p) + p.out_name_len + p.out_overload_len;
-  if (bytes != names + p.call_bytes) {
+  const size_t expected =
+      names + p.call_bytes +
+      size_t{p.n_reserved} * sizeof(openreg::call::ReservedBlock);
+  if (bytes != expected) {
     const std::string message =
         "openreg_describe_call: " + std::to_string(bytes) +
-        " parameter bytes, the header says " +
-        std::to_string(names + p.call_bytes);
+        " parameter bytes, the header says " + std::to_string(expected);
     ctx->report_error(ctx, message.c_str());
     return 1;
   }
@@ -320,6 +323,13 @@ extern "C" __attribute__((visibility("default"))) int openreg_describe_call(
   return run_reporting(ctx, op, [&] {
     const KernelThreads threads(call_threads(call, p.call_bytes, ctx));
     const openreg::kernels::WorkspaceScope workspace;
+    std::vector<std::pair<void*, size_t>> blocks;
+    for (uint32_t i = 0; i < p.n_reserved; ++i) {
+      openreg::call::ReservedBlock b{};
+      std::memcpy(&b, call + p.call_bytes + i * sizeof(b), sizeof(b));
+      blocks.emplace_back(device_ptr(ctx, b.address), b.bytes);
+    }
+    const openreg::kernels::ReservedResults reserved(std::move(blocks));
     auto* answer = static_cast<uint8_t*>(
         ctx->translate(ctx, reinterpret_cast<const void*>(p.answer)));
     TORCH_CHECK(answer != nullptr, "the answer's address 0x", std::hex,
@@ -370,8 +380,9 @@ extern "C" __attribute__((visibility("default"))) int openreg_take_results(
       uint64_t address = 0;
       std::memcpy(&address, addresses + j * sizeof(address), sizeof(address));
       const size_t nbytes = kept[j].nbytes();
-      if (nbytes > 0) {
-        std::memcpy(device_ptr(ctx, address), kept[j].data(), nbytes);
+      void* to = nbytes > 0 ? device_ptr(ctx, address) : nullptr;
+      if (nbytes > 0 && to != kept[j].data()) {  // not made in place
+        std::memcpy(to, kept[j].data(), nbytes);
       }
     }
   });

@@ -2,6 +2,7 @@
 #include "kernels/OpenRegWorkspace.h"
 
 #include "kernels/OpenRegBlockCache.h"
+#include "kernels/OpenRegReservedBlocks.h"
 
 namespace openreg::kernels {
 
@@ -19,6 +20,9 @@ class WorkspaceAllocator final : public FrontAllocator<WorkspaceAllocator> {
   c10::DataPtr allocate(size_t nbytes) override {
     if (!t_workspace || nbytes < BlockCache::kMinBytes) {
       return passed_on(nbytes);
+    }
+    if (c10::DataPtr reserved = take_reserved_block(nbytes)) {
+      return reserved;
     }
     return cached(nbytes);
   }

@@ -31,6 +31,8 @@ class WorkspaceScope {
   bool previous_;
 };
 
+// [/doc:reserved-results-device]
+
 // Frees the workspace's cached blocks (torch.openreg.empty_cache launches
 // openreg_release_workspace on each device).
 void release_workspace() noexcept;

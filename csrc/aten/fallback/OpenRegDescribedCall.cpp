@@ -10,6 +10,7 @@
 #include <c10/util/SmallVector.h>
 #include <openreg.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -322,11 +323,19 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
   p.out_name_len = static_cast<uint16_t>(out_name.size());
   p.out_overload_len = static_cast<uint16_t>(out_overload.size());
   p.call_bytes = static_cast<uint32_t>(bytes.size());
-  std::vector<uint8_t> params(sizeof(p) + out_name.size() +
-                              out_overload.size() + bytes.size());
-  if (params.size() > OR_MAX_KERNEL_PARAMS) {
+  const size_t size =
+      sizeof(p) + out_name.size() + out_overload.size() + bytes.size();
+  if (size > OR_MAX_KERNEL_PARAMS) {
     return false;
   }
+  // The results' device memory first: an out of memory is raised before the
+  // device works, and the device makes the results in it (no copy after).
+  std::vector<ReservedBlock> reserved = reserve_results(op, traits, args);
+  const size_t n_reserved =
+      std::min(reserved.size(),
+               (OR_MAX_KERNEL_PARAMS - size) / sizeof(call::ReservedBlock));
+  p.n_reserved = static_cast<uint32_t>(n_reserved);
+  std::vector<uint8_t> params(size + n_reserved * sizeof(call::ReservedBlock));
   uint8_t* at = params.data();
   std::memcpy(at, &p, sizeof(p));
   at += sizeof(p);
@@ -335,10 +344,12 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
   std::memcpy(at, out_overload.data(), out_overload.size());
   at += out_overload.size();
   std::memcpy(at, bytes.data(), bytes.size());
-
-  // The results' device memory first: an out of memory is raised before the
-  // device works.
-  std::vector<ReservedBlock> reserved = reserve_results(op, traits, args);
+  at += bytes.size();
+  for (size_t i = 0; i < n_reserved; ++i) {
+    const call::ReservedBlock b{
+        reinterpret_cast<uint64_t>(reserved[i].block.get()), reserved[i].bytes};
+    std::memcpy(at + i * sizeof(b), &b, sizeof(b));
+  }
 
   stats::count_op(stats::kDescribed, traits.display_name.c_str());
   KeptOnDevice kept(device.index(), p.token);
@@ -446,12 +457,32 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
   // allocator on this stream now (an out of memory is raised here, the
   // device keeps what it computed until `kept` drops it).
   std::vector<uint64_t> sizes(h.n_new_storages);
-  for (uint64_t& n : sizes) {
-    n = r.get<uint64_t>();
+  std::vector<int64_t> made_in(h.n_new_storages);  // a reserved block, or -1
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    sizes[i] = r.get<uint64_t>();
+    made_in[i] = r.get<int64_t>();
   }
   std::vector<c10::DataPtr> blocks(sizes.size());
+  // First the results the device made in their reserved block (no copy:
+  // the device skips them when it hands the results over), then the others
+  // take reserved blocks by size, or new ones below.
   for (size_t i = 0; i < sizes.size(); ++i) {
-    blocks[i] = take_reserved_block(reserved, sizes[i]);
+    if (made_in[i] >= 0) {
+      TORCH_INTERNAL_ASSERT(static_cast<size_t>(made_in[i]) < reserved.size() &&
+                            reserved[made_in[i]].block.get() != nullptr &&
+                            reserved[made_in[i]].bytes == sizes[i]);
+      blocks[i] = std::move(reserved[made_in[i]].block);
+    }
+  }
+  reserved.erase(std::remove_if(reserved.begin(), reserved.end(),
+                                [](const ReservedBlock& b) {
+                                  return b.block.get() == nullptr;
+                                }),
+                 reserved.end());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (made_in[i] < 0) {
+      blocks[i] = take_reserved_block(reserved, sizes[i]);
+    }
   }
   reserved.clear();  // what no result took goes back before more is taken
   std::vector<uint64_t> addresses;

@@ -418,9 +418,13 @@ void run_synchronously_impl(const c10::OperatorHandle& op,
 void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits,
                        torch::jit::Stack* stack, c10::Device device,
                        LaunchDecision decision) {
-  if (traits.writes_any) {
+  if (traits.writes_any &&
+      !(described_calls_enabled() &&
+        (host_kernels_supported() || !device_lacks_operator(op)))) {
+    // A described call reserves this memory itself (reserve_results).
     const size_t num_args = traits.writes.size();
-    check_room_for_empty_outs(traits, torch::jit::last(*stack, num_args));
+    check_room_for_empty_outs(traits, torch::jit::last(*stack, num_args),
+                              device);
   }
   run_synchronously_impl(op, traits, stack, device, std::move(decision));
 }

@@ -7,6 +7,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include <unordered_map>
+#include <vector>
 
 #include "aten/fallback/OpenRegIValue.h"
 #include "core/OpenRegInterrupt.h"
@@ -15,10 +16,12 @@
 namespace openreg {
 
 // [doc:out-room]
-void check_room_for_empty_outs(const OpTraits& traits,
-                               c10::ArrayRef<c10::IValue> args) {
-  if (!traits.has_meta_kernel || !traits.handle.has_value()) {
-    return;
+std::vector<size_t> empty_out_bytes(const OpTraits& traits,
+                                    c10::ArrayRef<c10::IValue> args) {
+  std::vector<size_t> sizes;
+  if (!traits.writes_any || traits.data_dependent || !traits.has_meta_kernel ||
+      !traits.handle.has_value()) {
+    return sizes;
   }
   const size_t n = std::min(traits.writes.size(), args.size());
   // Empty written tensors that no other argument passes too.
@@ -40,7 +43,7 @@ void check_room_for_empty_outs(const OpTraits& traits,
     }
   }
   if (!any) {
-    return;
+    return sizes;
   }
   // The written tensors with elements that no other argument passes replay
   // as empty ones: a meta kernel written in Python then does not warn about
@@ -83,13 +86,9 @@ void check_room_for_empty_outs(const OpTraits& traits,
       if (is_interrupt(e)) {
         throw;
       }
-      return;  // the run raises the error itself
+      return sizes;  // the run raises the error itself
     }
   }
-  // The memory they will take, allocated now and given back to the cache
-  // at once: on a device that cannot hold it, torch.OutOfMemoryError comes
-  // here, before anything ran; otherwise the run's own allocation reuses
-  // the cached block.
   for (size_t i = 0; i < n; ++i) {
     if (!traits.writes[i]) {
       continue;
@@ -103,10 +102,23 @@ void check_room_for_empty_outs(const OpTraits& traits,
       const size_t nbytes = at::detail::computeStorageNbytes(
           meta.sizes(), meta.strides(), meta.dtype().itemsize());
       if (nbytes > real.storage().nbytes()) {
-        const c10::DeviceGuard on_device(real.device());
-        device_allocator()->allocate(nbytes);  // freed at once
+        sizes.push_back(nbytes);
       }
     });
+  }
+  return sizes;
+}
+
+void check_room_for_empty_outs(const OpTraits& traits,
+                               c10::ArrayRef<c10::IValue> args,
+                               c10::Device device) {
+  // The memory they will take, allocated now and given back to the cache
+  // at once: on a device that cannot hold it, torch.OutOfMemoryError comes
+  // here, before anything ran; otherwise the run's own allocation reuses
+  // the cached block.
+  const c10::DeviceGuard on_device(device);
+  for (size_t nbytes : empty_out_bytes(traits, args)) {
+    device_allocator()->allocate(nbytes);  // freed at once
   }
 }
 // [/doc:out-room]

@@ -17,15 +17,26 @@
 #pragma once
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
 #include <c10/util/ArrayRef.h>
+
+#include <vector>
 
 #include "aten/fallback/OpenRegOpTraits.h"
 
 namespace openreg {
 
-// `args`: the call's arguments. Raises torch.OutOfMemoryError, and the
-// user's interrupt.
+// The bytes each empty out= argument grows to (none if the replay raises).
+// `args`: the call's arguments. Raises only the user's interrupt.
+std::vector<size_t> empty_out_bytes(const OpTraits& traits,
+                                    c10::ArrayRef<c10::IValue> args);
+
+// Allocates that much on `device` and gives it back at once: raises
+// torch.OutOfMemoryError when the device cannot hold it. For the runs that
+// do not reserve their results (a described call reserves them, and the
+// device makes the grown arguments in that memory: ReservedResults.h).
 void check_room_for_empty_outs(const OpTraits& traits,
-                               c10::ArrayRef<c10::IValue> args);
+                               c10::ArrayRef<c10::IValue> args,
+                               c10::Device device);
 
 }  // namespace openreg

@@ -8,26 +8,38 @@
 
 #include "aten/fallback/OpenRegIValue.h"
 #include "aten/fallback/OpenRegLaunchPlan.h"
+#include "aten/fallback/OpenRegOutResize.h"
 #include "memory/OpenRegAllocator.h"
 
 namespace openreg {
 
 // [doc:reserve-results]
 // Device memory for a described call's new results, allocated before the
-// device runs it: the sizes come from the operator's Meta kernel, the blocks
-// from the caching allocator on the call's stream, as a CUDA operator sizes
-// and allocates its outputs on the host before it launches its kernel. A
-// result the device cannot hold raises torch.OutOfMemoryError here, and
-// the device has computed nothing (before, the device computed the whole
-// result in its workspace and the host's allocation failed after). The
-// answer's new storages take these blocks (take_reserved_block); without a Meta
-// kernel, or for an operator whose results' sizes depend on the data, the
-// blocks are allocated when the answer gives the sizes. A staged call
-// (OpenRegFallback.cpp) holds them while the host computes its results.
+// device runs it: the sizes come from the operator's Meta kernel (and, for
+// empty out= arguments the call grows, from its replay on Meta tensors,
+// OpenRegOutResize.h), the blocks from the caching allocator on the call's
+// stream, as a CUDA operator sizes and allocates its outputs on the host
+// before it launches its kernel. A result the device cannot hold raises
+// torch.OutOfMemoryError here, and the device has computed nothing. The
+// blocks go to the device with the call: the CPU kernel makes a new storage
+// of exactly a block's size in that block (kernels/OpenRegReservedBlocks.h),
+// so it writes its result straight into device memory, and the answer says
+// which block each new storage is in: no copy after the kernel (before, the
+// device made its results in memory of its own and copied them over, which
+// cost a first run of l1_loss over 2 x 256 MB 8 times the CPU's time). A
+// result in no block (no Meta kernel, sizes that depend on the data) gets
+// its block when the answer gives its size, and is copied. A staged call
+// (OpenRegFallback.cpp) holds the blocks while the host computes its
+// results.
 std::vector<ReservedBlock> reserve_results(const c10::OperatorHandle& op,
                                            const OpTraits& traits,
                                            c10::ArrayRef<c10::IValue> args) {
   std::vector<ReservedBlock> reserved;
+  // Empty out= arguments the call grows (the out= form of factories such as
+  // arange): the device makes their new storage in this memory too.
+  for (size_t n : empty_out_bytes(traits, args)) {
+    reserved.push_back({n, device_allocator()->allocate(n)});
+  }
   const auto& returns = op.schema().returns();
   // Only results that are new tensors (not an argument, not a view of one).
   std::vector<bool> fresh(returns.size(), false);
