@@ -6,7 +6,10 @@
 - A factory that cannot fit on the device raises torch.OutOfMemoryError
   before the host computes anything: the device allocation comes first, as
   a CUDA operator allocates its outputs before its kernel runs, so the
-  host's memory does not grow by the result's size first.
+  host's memory does not grow by the result's size first. An operator whose
+  results' sizes depend on the data (nonzero, masked_select,
+  repeat_interleave) raises it when its kernel asks for one buffer larger
+  than the device has free.
 """
 
 import pytest
@@ -119,6 +122,15 @@ cases = {
     "full_like": lambda n: torch.full_like(torch.empty(n, dtype=f64, device="meta"), 2.0, device=d),
     "cat": lambda n: torch.cat([torch.ones(n // 8, dtype=f64, device=d)] * 8),
     "repeat": lambda n: torch.ones(n // 128, dtype=f64, device=d).repeat(128),
+    # Results whose sizes depend on the data: one allocation of the kernel may
+    # not exceed what the device has free.
+    "nonzero": lambda n: torch.ones(n // 4, dtype=torch.bool, device=d).nonzero(),
+    "masked_select": lambda n: torch.ones(n // 64, device=d).expand(64, n // 64).masked_select(
+        torch.ones(1, dtype=torch.bool, device=d)
+    ),
+    "repeat_interleave": lambda n: torch.repeat_interleave(
+        torch.full((16,), n // 16, device=d)
+    ),
 }
 small, big = 1 << 10, 1 << 27  # 2^27 8-byte elements: 1 GiB
 for name, make in cases.items():
@@ -147,7 +159,7 @@ def test_factories_raise_out_of_memory_before_the_host_computes():
     proc = run_python(FACTORIES, env={"OPENREG_DEVICE_MEMORY": "256M"}, timeout=170)
     assert proc.returncode == 0, describe(proc)
     rows = [line.rsplit(" ", 2) for line in proc.stdout.strip().splitlines()]
-    assert len(rows) == 20, describe(proc)
+    assert len(rows) == 23, describe(proc)
     for name, outcome, grown_mb in rows:
         # The inputs of cat and repeat are on the device already (a device
         # page counts in this process's RSS with the thread driver).

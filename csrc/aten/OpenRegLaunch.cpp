@@ -428,7 +428,10 @@ void launch_function(c10::DeviceIndex device, const std::string& op,
     if (!failure_message.empty()) {
       faults::surfaced(device, "the call (it runs synchronously)");
     }
-    stream.synchronize();  // raises the kernel's failure now, naming it
+    // Raises the kernel's failure now, naming it. The parameters were
+    // copied at the launch: Ctrl-C may end the wait.
+    const InterruptibleWait interruptible;
+    stream.synchronize();
   }
 }
 // [/doc:launch-function]

@@ -222,6 +222,12 @@ struct DescribeParams {
   // exactly a block's size is made in it (kernels/OpenRegWorkspace.h).
   uint32_t n_reserved;
   uint32_t reserved_pad;
+  // The most bytes one allocation of the call's CPU kernel may take (0: no
+  // limit): what the device has free, for a call whose results' sizes
+  // depend on the data (nothing could be reserved). A larger one raises
+  // torch.OutOfMemoryError before the kernel fills it, as it could not fit
+  // on a device either.
+  uint64_t workspace_limit;
 };
 
 struct ReservedBlock {

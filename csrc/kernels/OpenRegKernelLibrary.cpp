@@ -330,6 +330,7 @@ extern "C" __attribute__((visibility("default"))) int openreg_describe_call(
       blocks.emplace_back(device_ptr(ctx, b.address), b.bytes);
     }
     const openreg::kernels::ReservedResults reserved(std::move(blocks));
+    const openreg::kernels::AllocationLimit limit(p.workspace_limit, op);
     auto* answer = static_cast<uint8_t*>(
         ctx->translate(ctx, reinterpret_cast<const void*>(p.answer)));
     TORCH_CHECK(answer != nullptr, "the answer's address 0x", std::hex,

@@ -1,7 +1,10 @@
 // SIMULATOR ONLY: see the header.
 #include "kernels/OpenRegReservedBlocks.h"
 
+#include <c10/util/Exception.h>
+
 #include <cstddef>
+#include <cstdio>
 #include <utility>
 #include <vector>
 
@@ -33,6 +36,40 @@ void give_back_reserved(void* data) {
 }
 
 }  // namespace
+
+namespace {
+thread_local size_t t_limit = 0;
+thread_local std::string t_limit_op;
+
+std::string mib(size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f MiB",
+                static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+}  // namespace
+
+AllocationLimit::AllocationLimit(size_t bytes, std::string op)
+    : previous_(t_limit), previous_op_(std::move(t_limit_op)) {
+  t_limit = bytes;
+  t_limit_op = std::move(op);
+}
+
+AllocationLimit::~AllocationLimit() {
+  t_limit = previous_;
+  t_limit_op = std::move(previous_op_);
+}
+
+void check_allocation_limit(size_t nbytes) {
+  TORCH_CHECK_WITH(OutOfMemoryError, t_limit == 0 || nbytes <= t_limit,
+                   "openreg out of memory. Tried to allocate ", mib(nbytes),
+                   " in the kernel of ", t_limit_op,
+                   ", whose results' sizes "
+                   "depend on the data; the device has ",
+                   mib(t_limit),
+                   " free. Set OPENREG_DEVICE_MEMORY to simulate a larger "
+                   "device.");
+}
 
 c10::DataPtr take_reserved_block(size_t nbytes) {
   if (t_reserved == nullptr) {

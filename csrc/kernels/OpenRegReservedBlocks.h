@@ -5,6 +5,7 @@
 #include <c10/core/Allocator.h>
 
 #include <cstddef>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -34,6 +35,23 @@ class ReservedResults {
 // The index of the reserved block of this thread's ReservedResults that
 // starts at `data`, or -1.
 int reserved_block_of(const void* data);
+
+// A described call's limit on one allocation of its kernel
+// (DescribeParams::workspace_limit), on this thread, for its scope.
+class AllocationLimit {
+ public:
+  explicit AllocationLimit(size_t bytes, std::string op);
+  ~AllocationLimit();
+  AllocationLimit(const AllocationLimit&) = delete;
+  AllocationLimit& operator=(const AllocationLimit&) = delete;
+
+ private:
+  size_t previous_;
+  std::string previous_op_;
+};
+// For the workspace's allocator: raises torch.OutOfMemoryError when
+// `nbytes` exceeds this thread's AllocationLimit.
+void check_allocation_limit(size_t nbytes);
 
 // For the workspace's allocator (kernels/OpenRegWorkspace.cpp): a free
 // reserved block of exactly `nbytes` on this thread, or an empty DataPtr.

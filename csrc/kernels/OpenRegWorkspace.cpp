@@ -21,6 +21,7 @@ class WorkspaceAllocator final : public FrontAllocator<WorkspaceAllocator> {
     if (!t_workspace || nbytes < BlockCache::kMinBytes) {
       return passed_on(nbytes);
     }
+    check_allocation_limit(nbytes);
     if (c10::DataPtr reserved = take_reserved_block(nbytes)) {
       return reserved;
     }

@@ -28,6 +28,9 @@ c10::DataPtr allocate_device_memory(size_t nbytes, c10::Stream stream);
 // is counted).
 c10::DataPtr try_allocate_device_memory(size_t nbytes, c10::Stream stream);
 
+// What one more allocation on `device` may take (DeviceCache::free_bytes).
+size_t device_free_bytes(c10::DeviceIndex device);
+
 // Caps what the caching allocator may reserve on `device` to fraction *
 // capacity (torch.openreg.set_per_process_memory_fraction).
 void set_memory_fraction(double fraction, c10::DeviceIndex device);

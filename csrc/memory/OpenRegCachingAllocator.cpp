@@ -283,6 +283,10 @@ void set_memory_fraction(double fraction, c10::DeviceIndex device) {
   g_allocator.cache(device).set_fraction(fraction);
 }
 
+size_t device_free_bytes(c10::DeviceIndex device) {
+  return g_allocator.cache(device).free_bytes();
+}
+
 double get_memory_fraction(c10::DeviceIndex device) {
   return g_allocator.cache(device).fraction();
 }

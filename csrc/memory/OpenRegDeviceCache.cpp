@@ -387,6 +387,14 @@ bool DeviceCache::release_oversize_blocks(BlockPool& pool, c10::StreamId stream,
   return released >= key.size;
 }
 
+size_t DeviceCache::free_bytes() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto allocated =
+      static_cast<size_t>(stats_.allocated_bytes[kAggregate].current);
+  const size_t limit = allowed();
+  return limit > allocated ? limit - allocated : 0;
+}
+
 size_t DeviceCache::reserved() const {
   return static_cast<size_t>(stats_.reserved_bytes[kAggregate].current);
 }

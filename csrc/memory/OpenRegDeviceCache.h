@@ -119,6 +119,10 @@ class DeviceCache {
   void empty_cache();
 
   Stats stats();
+  // What one more allocation may take: the bytes the device (or the
+  // process's fraction of it) allows, minus those allocated (cached blocks
+  // count as free: the cache gives them back when it must).
+  size_t free_bytes();
   void reset_accumulated();
   void reset_peak();
 
