@@ -374,16 +374,25 @@ class DescribedCall {
   DescribedCall(const DescribedCall&) = delete;
   DescribedCall& operator=(const DescribedCall&) = delete;
 
-  // Runs `call` and waits; the answer is then at answer().
-  orError_t Run(const std::vector<uint8_t>& call) {
+  // Runs `call` and waits; the answer is then at answer(). `reserved`: the
+  // device memory the results may be made in.
+  orError_t Run(
+      const std::vector<uint8_t>& call,
+      const std::vector<openreg::call::ReservedBlock>& reserved = {}) {
     openreg::call::DescribeParams p{};
     p.answer = reinterpret_cast<uint64_t>(answer_);
     p.capacity = kCapacity;
     p.token = p.answer;
     p.call_bytes = static_cast<uint32_t>(call.size());
-    std::vector<uint8_t> params(sizeof(p) + call.size());
+    p.n_reserved = static_cast<uint32_t>(reserved.size());
+    const size_t table = reserved.size() * sizeof(openreg::call::ReservedBlock);
+    std::vector<uint8_t> params(sizeof(p) + call.size() + table);
     std::memcpy(params.data(), &p, sizeof(p));
     std::memcpy(params.data() + sizeof(p), call.data(), call.size());
+    if (table != 0) {
+      std::memcpy(params.data() + sizeof(p) + call.size(), reserved.data(),
+                  table);
+    }
     const orError_t err = orLaunchFunction(nullptr, describe_, params.data(),
                                            params.size(), nullptr);
     return err != orSuccess ? err : orStreamSynchronize(nullptr);
@@ -439,6 +448,7 @@ TEST_F(BoxedCallTest, DescribedCallAnswersItsResultsAndTheHostTakesThem) {
   ASSERT_EQ(0, h.n_written);
   ASSERT_EQ(1, h.n_returns);
   EXPECT_EQ(expected.nbytes(), r.get<uint64_t>());
+  EXPECT_EQ(-1, r.get<int64_t>());  // in no reserved block
   ASSERT_EQ(Tag::kTensor, r.get<Tag>());
   const auto t = r.get<openreg::call::TensorAnswer>();
   EXPECT_EQ(openreg::call::Where::kNewStorage, t.where);
@@ -450,6 +460,32 @@ TEST_F(BoxedCallTest, DescribedCallAnswersItsResultsAndTheHostTakesThem) {
   DeviceBuffer dr(expected.nbytes());
   OR_ASSERT_OK(described.Take({reinterpret_cast<uint64_t>(dr.ptr)}));
   EXPECT_TRUE(at::equal(dr.read(expected), expected));
+}
+
+TEST_F(BoxedCallTest, DescribedCallMakesItsResultInTheReservedBlock) {
+  // The host reserved the result's device memory (the size its Meta kernel
+  // gives): the CPU kernel writes into it, the answer says so, and the take
+  // copies nothing.
+  using openreg::call::AnswerHeader;
+  const at::Tensor x = at::randn({1 << 15});  // 128 KiB: a workspace size
+  const at::Tensor expected = at::neg(x);
+  DeviceBuffer dx(x);
+  DeviceBuffer block(expected.nbytes());
+  DescribedCall described;
+  CallBuilder c;
+  c.arg_tensor(c.tensor(c.storage(dx.ptr, dx.nbytes), x));
+  OR_ASSERT_OK(described.Run(
+      c.build("aten::neg", "", Mode::kDescribe),
+      {{reinterpret_cast<uint64_t>(block.ptr), expected.nbytes()}}));
+  openreg::call::Reader r = described.answer();
+  const auto h = r.get<AnswerHeader>();
+  ASSERT_EQ(openreg::call::AnswerStatus::kDone, h.status);
+  ASSERT_EQ(1, h.n_new_storages);
+  EXPECT_EQ(expected.nbytes(), r.get<uint64_t>());
+  EXPECT_EQ(0, r.get<int64_t>());  // made in reserved block 0
+  EXPECT_TRUE(at::equal(block.read(expected), expected));  // before the take
+  OR_ASSERT_OK(described.Take({reinterpret_cast<uint64_t>(block.ptr)}));
+  EXPECT_TRUE(at::equal(block.read(expected), expected));
 }
 
 TEST_F(BoxedCallTest, DescribedCallAnswersAFailureWithItsClass) {
