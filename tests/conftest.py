@@ -32,6 +32,12 @@ for _var in (
 # The suite compares warnings with the CPU's; the fallback's own
 # once-per-operator notice is tested on its own (test_fallback_log.py).
 os.environ["OPENREG_FALLBACK_WARNINGS"] = "0"
+# A device-side assert (an index out of range in gather, ...: the default,
+# as on CUDA) leaves the device unusable for the rest of the process; the
+# suite's in-process tests compare errors with the CPU's, so they run with
+# the CPU's errors, and tests/test_device_asserts.py runs the CUDA mode in
+# subprocesses (as PyTorch's own CUDA tests of device asserts do).
+os.environ.setdefault("OPENREG_DEVICE_ASSERTS", "cpu")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -116,7 +122,7 @@ def device_pids(parent=None):
 
 # The suite's mode, which its subprocesses run in too (the whole suite runs
 # once per driver and launch mode): a test that needs another sets it.
-_MODE = ("OPENREG_DRIVER", "OPENREG_LAUNCH_BLOCKING")
+_MODE = ("OPENREG_DRIVER", "OPENREG_LAUNCH_BLOCKING", "OPENREG_DEVICE_ASSERTS")
 
 
 def clean_env(**overrides):

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "core/OpenRegDeviceAsserts.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegInterrupt.h"
 
@@ -48,6 +49,7 @@ void check_settings() {
                     std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0,
                 name, "='", env, "' is not 0 or 1");
   }
+  cuda_device_asserts();  // reads and checks OPENREG_DEVICE_ASSERTS
 }
 
 }  // namespace

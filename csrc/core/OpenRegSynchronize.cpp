@@ -4,6 +4,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/OpenRegDeviceAsserts.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
@@ -98,7 +99,8 @@ void raise_deferred(orError_t err, orStream_t stream, c10::DeviceIndex device) {
                        : orStreamGetDevice(it->first, &dev) == orSuccess &&
                              dev == device;
       if (match) {
-        msg += (msg.empty() ? "" : "\n") + it->second;
+        msg += (msg.empty() ? "" : "\n") +
+               device_assert_of_failure(device, it->second);
         it = g_errors.erase(it);
       } else {
         ++it;
@@ -108,11 +110,12 @@ void raise_deferred(orError_t err, orStream_t stream, c10::DeviceIndex device) {
   if (msg.empty()) {
     // A named kernel (orLaunchFunction) reports its failure to the driver,
     // which keeps the message for the stream.
-    auto ask = [&msg](orStream_t s) {
+    auto ask = [&msg, device](orStream_t s) {
       char text[2048] = {};
       if (orStreamGetErrorMessage(s, text, sizeof(text)) == orSuccess &&
           text[0] != '\0') {
-        msg += (msg.empty() ? "" : "\n") + std::string(text);
+        msg +=
+            (msg.empty() ? "" : "\n") + device_assert_of_failure(device, text);
       }
     };
     if (stream != nullptr) {
@@ -126,8 +129,12 @@ void raise_deferred(orError_t err, orStream_t stream, c10::DeviceIndex device) {
   // As CUDA reports a kernel's failure (torch.AcceleratorError).
   faults::surfaced(device, stream != nullptr ? "a stream synchronization"
                                              : "a device synchronization");
+  // A device-side assert's message says how it is reported already.
+  const bool assert_triggered =
+      msg.find("device-side assert triggered") != std::string::npos;
   const char* hint =
-      launch_blocking()
+      assert_triggered ? ""
+      : launch_blocking()
           ? "\n(OPENREG_LAUNCH_BLOCKING=1: the failure is raised at the "
             "launch of the kernel that failed.)"
       : t_calls_own_wait

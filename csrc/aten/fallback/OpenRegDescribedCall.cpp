@@ -23,6 +23,7 @@
 
 #include "aten/OpenRegLaunch.h"
 #include "aten/fallback/OpenRegCallEncoder.h"
+#include "aten/fallback/OpenRegDeviceAssert.h"
 #include "aten/fallback/OpenRegLaunchPlan.h"
 #include "aten/fallback/OpenRegReservedResults.h"
 #include "core/OpenRegException.h"
@@ -451,6 +452,11 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
       }
     }
     // [/doc:failed-call-resized]
+    if (kind != call::ErrorKind::kOutOfMemory &&
+        defer_device_assert(traits, stack, device, what)) {
+      run->returned_view = true;  // never learnt: the device is unusable
+      return true;
+    }
     raise(kind, std::move(what));
   }
   for (const c10::Warning& w : warnings) {
