@@ -143,3 +143,107 @@ def test_a_lost_peer_stops_training_with_a_distributed_error(tmp_path, driver, d
         assert "closed by peer" in message or "Connection" in message, line
     assert "did not complete" in message or "failed" in message, line
     assert any(op in message for op in ("allreduce", "allgather", "reduce_scatter")), line
+
+
+# --- what NCCL checks ---------------------------------------------------------
+
+CHECKS = """
+import datetime, sys, time, torch, torch.distributed as dist
+rank, init, case = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+timeout = datetime.timedelta(seconds=3)
+if case == "same device":
+    torch.openreg.set_device(0)  # both ranks on openreg:0
+    dist.init_process_group("gloo", rank=rank, world_size=2, init_method=init, timeout=timeout)
+    try:
+        t = torch.ones(2, device="openreg:0")
+        dist.all_reduce(t)
+        t.cpu()
+        print("RESULT no error")
+    except Exception as e:
+        print("RESULT", type(e).__name__, str(e).replace("\\n", " ")[:300])
+elif case == "cpu tensor under the shim":
+    import torch_openreg.transfer_to_openreg  # noqa: F401  (the CUDA program as written)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=2, init_method=init, timeout=timeout)
+    try:
+        dist.all_reduce(torch.ones(2))  # a CPU tensor: NCCL has no backend for it
+        print("RESULT no error")
+    except Exception as e:
+        print("RESULT", type(e).__name__, str(e).replace("\\n", " ")[:300])
+    t = torch.ones(2, device="cuda")
+    dist.all_reduce(t)
+    print("CUDA", t.cpu().tolist())
+elif case == "skipped collective":
+    torch.openreg.set_device(rank)
+    dist.init_process_group("gloo", rank=rank, world_size=2, init_method=init, timeout=timeout)
+    d = torch.device("openreg", rank)
+    dist.all_reduce(torch.ones(1, device=d))
+    torch.openreg.synchronize()
+    try:
+        t = torch.ones(4, device=d)
+        if rank == 0:  # rank 1 skips this one
+            dist.all_reduce(t)
+        t.cpu()
+        print("RESULT no error")
+    except Exception as e:
+        print("RESULT", type(e).__name__, str(e).replace("\\n", " ")[:300])
+    if rank == 1:
+        time.sleep(6)
+sys.stdout.flush()
+import os
+os._exit(0)
+"""
+
+
+def _two_ranks(tmp_path, case, driver="thread"):
+    init = f"file://{tmp_path}/init"
+    env = clean_env(GLOO_SOCKET_IFNAME="lo", OPENREG_FALLBACK_WARNINGS="0", OPENREG_DRIVER=driver)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(CHECKS), str(r), init, case],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+        )
+        for r in range(2)
+    ]
+    try:
+        return [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def _result(out):
+    lines = [line for line in out[0].splitlines() if line.startswith("RESULT")]
+    assert lines, out
+    return lines[0][len("RESULT ") :]
+
+
+@pytest.mark.parametrize("driver", ["thread", "process"])
+def test_two_ranks_on_one_device_are_refused_as_nccl_does(tmp_path, driver):
+    outs = _two_ranks(tmp_path, "same device", driver)
+    for out in outs:
+        result = _result(out)
+        assert result.startswith("DistBackendError"), out
+        assert "both use openreg:0" in result and "Duplicate GPU detected" in result, out
+
+
+def test_a_cpu_tensor_in_a_nccl_group_raises_as_with_nccl(tmp_path):
+    # Under the CUDA shim "nccl" is openreg's backend for openreg tensors only.
+    outs = _two_ranks(tmp_path, "cpu tensor under the shim")
+    for out in outs:
+        assert _result(out).startswith(
+            "RuntimeError No backend type associated with device type cpu"
+        ), out
+        assert "CUDA [2.0, 2.0]" in out[0], out  # the device collective works
+
+
+def test_a_skipped_collective_reports_as_a_collective_error(tmp_path):
+    outs = _two_ranks(tmp_path, "skipped collective")
+    result = _result(outs[0])  # rank 0 waits for a peer that never comes
+    assert result.startswith("DistBackendError"), outs[0]
+    assert "c10d::allreduce" in result and "did not complete" in result, outs[0]
+    assert "openreg kernel" not in result, outs[0]

@@ -24,6 +24,11 @@ from torch_openreg import _C
 __all__ = ["BACKEND", "create_backend"]
 
 BACKEND = "orccl"
+# The same backend for openreg tensors only, as NCCL serves CUDA tensors only:
+# what the CUDA migration shim gives for "nccl" (a CPU tensor passed to its
+# collectives raises "No backend type associated with device type cpu", as
+# with NCCL).
+DEVICE_ONLY_BACKEND = "orccl_device"
 _DEVICE = "openreg"
 
 
@@ -48,6 +53,10 @@ def _register_backend() -> None:
     # (Backend.default_device_backend_map); "cpu" lets init_process_group("orccl")
     # serve CPU tensors too (the C++ backend hands them to Gloo unchanged).
     dist.Backend.register_backend(BACKEND, create_backend, devices=["cpu", _DEVICE])
+    dist.Backend.register_backend(DEVICE_ONLY_BACKEND, create_backend, devices=[_DEVICE])
+    # orccl stays the default backend of openreg tensors (registering the
+    # second name made it that).
+    dist.Backend.default_device_backend_map[_DEVICE] = BACKEND
 
 
 # [/doc:c10d-creator]

@@ -1,6 +1,8 @@
 #include "distributed/OpenRegProcessGroup.h"
 
 #include <ATen/core/ivalue.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 
@@ -241,6 +243,42 @@ uint64_t ProcessGroupOpenReg::getSequenceNumberForGroup() {
   return gloo_->getSequenceNumberForGroup();
 }
 
+// [doc:c10d-one-rank-per-device]
+void ProcessGroupOpenReg::check_one_rank_per_device(c10::DeviceIndex device,
+                                                    const char* op) {
+  std::call_once(devices_checked_, [&] {
+    std::vector<at::Tensor> mine{at::full({1}, static_cast<int64_t>(device),
+                                          at::TensorOptions(at::kLong))};
+    std::vector<std::vector<at::Tensor>> all(1);
+    for (int r = 0; r < getSize(); ++r) {
+      all[0].push_back(at::empty({1}, at::TensorOptions(at::kLong)));
+    }
+    try {
+      gloo_->allgather(all, mine)->wait();
+    } catch (...) {
+      // The first collective did not complete (a dead or hung peer): as
+      // for any collective, the device is aborted.
+      abort_device(device, getRank(), std::string("c10d::") + op,
+                   std::current_exception());
+      faults::check_not_poisoned(device);  // raises it
+      throw;
+    }
+    for (int r = 0; r < getSize(); ++r) {
+      const int64_t other = all[0][static_cast<size_t>(r)].item<int64_t>();
+      TORCH_CHECK_WITH(DistBackendError, r == getRank() || other != device,
+                       "orccl ", op, ": rank ", getRank(), " and rank ", r,
+                       " both use openreg:", static_cast<int>(device),
+                       ". NCCL refuses this at its first collective "
+                       "(\"Duplicate GPU detected\"): give each rank a "
+                       "device of its own, e.g. torch.openreg.set_device(rank "
+                       "% torch.openreg.device_count()) with at least as many "
+                       "devices as ranks (OPENREG_DEVICE_COUNT), or use Gloo "
+                       "on CPU tensors");
+    }
+  });
+}
+// [/doc:c10d-one-rank-per-device]
+
 // [doc:c10d-launch]
 c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch(
     c10d::OpType op, const char* name, const std::vector<at::Tensor>& tensors,
@@ -249,6 +287,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch(
   const c10::DeviceIndex device = common_device(tensors, name);
   if (device < 0) {
     return issue();  // CPU tensors only: plain Gloo
+  }
+  if (kind == Kind::kCollective) {
+    check_one_rank_per_device(device, name);
   }
   const std::string op_name = std::string("c10d::") + name;
   const OpenRegStream current = getCurrentStream(device);

@@ -45,6 +45,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "core/OpenRegStream.h"
@@ -151,6 +152,13 @@ class ProcessGroupOpenReg final : public c10d::Backend {
                                                std::vector<StagedTensor> staged,
                                                std::vector<at::Tensor> outputs,
                                                Kind kind, Issue issue);
+
+  // NCCL's check of its first collective: each rank of a group on a device
+  // of its own ("Duplicate GPU detected"). Once per group, on the host,
+  // through Gloo (every rank reaches its first collective at the same
+  // point of the program's sequence of collectives).
+  void check_one_rank_per_device(c10::DeviceIndex device, const char* op);
+  std::once_flag devices_checked_;
 
   c10::intrusive_ptr<c10d::Backend> gloo_;
   // This group's completion stream on each device: the reserved completion

@@ -187,7 +187,10 @@ def main():
 
     if "openreg" in dist.Backend.default_device_backend_map:
         dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
-        assert dist.get_backend() == dist.Backend.default_device_backend_map["openreg"]
+        # openreg's backend for openreg tensors only, as NCCL serves CUDA tensors only
+        from torch_openreg.distributed import DEVICE_ONLY_BACKEND
+
+        assert dist.get_backend() == DEVICE_ONLY_BACKEND
         summed = torch.arange(3.0, device="cuda")
         dist.all_reduce(summed)
         assert summed.device == OR0 and summed.cpu().tolist() == [0.0, 1.0, 2.0]

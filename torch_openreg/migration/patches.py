@@ -168,11 +168,20 @@ def _openreg_process_group_backend() -> str:
 
 
 def map_process_group_backend(backend: Any) -> Any:
-    """``"nccl"`` (and ``"cuda:nccl"`` in a per-device list) as openreg's backend."""
+    """``"nccl"`` (and ``"cuda:nccl"`` in a per-device list) as openreg's backend.
+
+    For openreg tensors only (``orccl_device``), as NCCL serves CUDA tensors
+    only: a CPU tensor passed to a collective of that group raises "No backend
+    type associated with device type cpu", as it does with NCCL, instead of
+    going to Gloo.
+    """
     if not isinstance(backend, str):
         return backend
     if backend.lower() == "nccl":
-        return _openreg_process_group_backend()
+        _openreg_process_group_backend()  # a backend is registered for openreg
+        from torch_openreg.distributed import DEVICE_ONLY_BACKEND
+
+        return DEVICE_ONLY_BACKEND
     if ":" in backend:
         parts = []
         for part in backend.split(","):
