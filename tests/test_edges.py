@@ -137,3 +137,34 @@ def test_a_failure_raised_at_the_call_says_so():
     proc = run_python(code)
     assert "injected" in proc.stdout, describe(proc)
     assert "next synchronization" not in proc.stdout, describe(proc)
+
+
+def test_out_of_memory_after_steady_growth_says_so():
+    # A loop that keeps every step's output alive: the message names the
+    # growth (its low point rising window after window) and the likely cause.
+    code = """
+    import torch
+    m = torch.nn.Linear(256, 256).to("openreg")
+    kept = []
+    try:
+        for step in range(100_000):
+            out = m(torch.randn(64, 256, device="openreg"))
+            kept.append(out)  # the leak
+            out.square().mean().backward()
+    except torch.OutOfMemoryError as e:
+        print(str(e))
+    """
+    proc = run_python(code, env={"OPENREG_DEVICE_MEMORY": "64M"}, timeout=170)
+    assert "grew steadily" in proc.stdout and "loss.item()" in proc.stdout, describe(proc)
+
+
+def test_a_plain_out_of_memory_does_not_claim_growth():
+    code = """
+    import torch
+    try:
+        torch.empty(2**30, dtype=torch.uint8, device="openreg")
+    except torch.OutOfMemoryError as e:
+        print(str(e))
+    """
+    proc = run_python(code, env={"OPENREG_DEVICE_MEMORY": "64M"})
+    assert "out of memory" in proc.stdout and "grew steadily" not in proc.stdout, describe(proc)

@@ -10,6 +10,7 @@ the same values and must end with the same ones.
 
 import runpy
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,31 @@ def test_cuda_edges_under_the_shim(tmp_path):
     # autocast ran in float16; two FutureWarnings, naming what the user wrote.
     assert lines["amp"] == "torch.float16 2 True", describe(proc)
     assert lines["snapshot"] == "True True True", describe(proc)
+
+
+def test_a_scripted_module_with_autocast_compiles_under_the_shim(tmp_path):
+    # The shim's wrappers of torch.set_autocast_enabled & co. stay TorchScript's
+    # builtin operators (torch.autocast's methods call them). TorchScript's own
+    # autocast pass knows CUDA and the CPU only: inside a scripted region the
+    # CUDA autocast state is set, so openreg's operators keep float32 there
+    # (docs/migration.md).
+    script = tmp_path / "scripted_autocast.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            class M(torch.nn.Module):
+                def forward(self, x):
+                    with torch.autocast("cuda", dtype=torch.float16):
+                        return x @ x
+
+            x = torch.ones(2, 2, device="cuda")
+            scripted = torch.jit.script(M())
+            print("scripted", scripted(x).dtype, M()(x).dtype)
+            """
+        )
+    )
+    proc = run_shim(["-m", "torch_openreg.run", str(script)], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert "scripted torch.float32 torch.float16" in proc.stdout, describe(proc)

@@ -94,6 +94,8 @@ Block* DeviceCache::malloc(size_t orig_size, c10::StreamId stream,
   block->context = std::move(context);
   increase(stats_.allocation, pool, 1);
   increase(stats_.allocated_bytes, pool, block->size);
+  growth_.allocated(
+      static_cast<size_t>(stats_.allocated_bytes[kAggregate].current));
   increase(stats_.active, pool, 1);
   increase(stats_.active_bytes, pool, block->size);
   increase(stats_.requested_bytes, pool, orig_size);
@@ -123,6 +125,8 @@ void DeviceCache::free(Block* block,
   block->allocated = false;
   decrease(stats_.allocation, *block->pool, 1);
   decrease(stats_.allocated_bytes, *block->pool, block->size);
+  growth_.freed(
+      static_cast<size_t>(stats_.allocated_bytes[kAggregate].current));
   decrease(stats_.requested_bytes, *block->pool, block->requested);
   if (is_oversize(block->size)) {
     stats_.oversize_allocations.decrease(1);
@@ -445,6 +449,10 @@ void DeviceCache::raise_oom(size_t orig_size) {
       format_size(allocated), " is allocated by PyTorch, and ",
       format_size(reserved() - allocated),
       " is reserved by PyTorch but unallocated.", limit.str(),
+      growth_.report(
+          total,
+          static_cast<size_t>(stats_.allocated_bytes[kAggregate].peak),
+          [](size_t n) { return format_size(n); }),
       " Set OPENREG_DEVICE_MEMORY to simulate a larger device.");
 }
 

@@ -45,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "memory/OpenRegGrowthWatch.h"
 #include "memory/OpenRegMemoryHistory.h"
 
 namespace openreg::allocator {
@@ -175,6 +176,7 @@ class DeviceCache {
   const c10::DeviceIndex device_;
   std::mutex mutex_;  // guards everything below
   Stats stats_;
+  GrowthWatch growth_;  // for the out-of-memory message
   BlockPool small_{true};
   BlockPool large_{false};
   std::set<Block*> segments_;  // first block of every segment

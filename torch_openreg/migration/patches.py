@@ -23,6 +23,16 @@ def _replace(owner: Any, name: str, make: Any) -> None:
     wrapper = make(original)
     functools.update_wrapper(wrapper, original)
     wrapper._openreg_shim = True
+    # TorchScript compiles what scripted code calls: a wrapper of one of its
+    # builtin operators (torch.set_autocast_enabled, called by
+    # torch.autocast's methods) stays that operator there, as without the
+    # shim (its source is not TorchScript, and inspect cannot read a
+    # builtin's).
+    from torch.jit import _builtins
+
+    op = _builtins._find_builtin(original)
+    if op is not None:
+        _builtins._register_builtin(wrapper, op)
     setattr(owner, name, wrapper)
 
 
