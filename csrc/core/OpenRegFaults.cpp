@@ -13,7 +13,7 @@ namespace {
 
 struct Fault {
   int64_t id;
-  enum Kind { kAllocation, kKernel, kDelay, kCollective } kind;
+  enum Kind { kAllocation, kKernel, kDelay, kCollective, kShuffle } kind;
   int device = -1;      // -1: any (delays); the rank for a collective
   int64_t stream = -1;  // delays: -1 any
   std::string op;       // kernels, collectives
@@ -65,6 +65,8 @@ const char* kind_name(Fault::Kind k) {
       return "delay_kernels";
     case Fault::kCollective:
       return "fail_collective";
+    case Fault::kShuffle:
+      return "shuffle_atomics";
   }
   return "?";
 }
@@ -230,6 +232,29 @@ int64_t kernel_delay_us(int device, int64_t stream) {
         delay, static_cast<int64_t>(r % static_cast<uint64_t>(f.max_us + 1)));
   }
   return delay;
+}
+
+bool armed() { return g_armed.load(std::memory_order_relaxed); }
+
+int64_t shuffle_atomics(uint64_t seed) {
+  Fault f{};
+  f.kind = Fault::kShuffle;
+  f.seed = seed;
+  return arm(std::move(f));
+}
+
+bool shuffle_atomics_seed(uint64_t* seed) {
+  if (!g_armed.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (Fault& f : g_faults) {
+    if (f.kind == Fault::kShuffle) {
+      *seed = mix(f.seed ^ mix(static_cast<uint64_t>(f.seen++)));
+      return true;
+    }
+  }
+  return false;
 }
 
 CollectiveFault collective_fault(const std::string& op, int rank) {

@@ -35,6 +35,7 @@ int64_t fail_kernel(std::string op, int device, int64_t after, bool sticky);
 int64_t delay_kernels(int device, int64_t stream, int64_t max_us,
                       uint64_t seed);
 int64_t fail_collective(std::string op, int rank, int64_t after, bool hang);
+int64_t shuffle_atomics(uint64_t seed);
 void disarm(int64_t id);
 void disarm_all();
 
@@ -52,6 +53,9 @@ void clear_report();
 
 // ---- checks, at the call sites -------------------------------------------
 
+// True while any fault is armed (one relaxed atomic load).
+bool armed();
+
 // The caching allocator, for an allocation of `nbytes` on `device`: true if
 // this one must fail (recorded in the report).
 bool allocation_fails(int device, size_t nbytes);
@@ -63,6 +67,11 @@ std::optional<std::string> kernel_fails(int device, const std::string& op);
 // How long the kernel launched now on `device`, stream id `stream`, waits
 // before it runs (0: not delayed).
 int64_t kernel_delay_us(int device, int64_t stream);
+
+// A call that accumulates with atomics on CUDA (index_add_, scatter_add_,
+// index_put_(accumulate=True)): true, and the seed of its permutation, while
+// shuffle_atomics is armed (a new seed at each call, from the fault's).
+bool shuffle_atomics_seed(uint64_t* seed);
 
 // What a collective `op` ("allreduce", ...) of `rank` does: nothing (0), fail
 // (1) or never arrive (2). The message for the report and the error.

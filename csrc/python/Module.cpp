@@ -461,6 +461,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("after"), py::arg("min_bytes"));
   m.def("_fault_fail_kernel", &faults::fail_kernel, py::arg("op"),
         py::arg("device"), py::arg("after"), py::arg("sticky"));
+  m.def("_fault_shuffle_atomics", &faults::shuffle_atomics, py::arg("seed"));
   m.def("_fault_delay_kernels", &faults::delay_kernels, py::arg("device"),
         py::arg("stream"), py::arg("max_us"), py::arg("seed"));
   m.def("_fault_fail_collective", &faults::fail_collective, py::arg("op"),

@@ -54,6 +54,7 @@ __all__ = [
     "delay_kernels",
     "fail_allocation",
     "fail_collective",
+    "shuffle_atomics",
     "fail_kernel",
     "lose_device",
     "parse_spec",
@@ -207,6 +208,21 @@ def fail_collective(
     return Fault(fid, f"fail_collective(op={op!r}, rank={r}, after={a}, mode={mode!r})")
 
 
+def shuffle_atomics(seed: int | None = None) -> Fault:
+    """Accumulations that use atomics on CUDA (``index_add_``, ``scatter_add_``,
+    ``index_put_(accumulate=True)``) add their entries in a random order, a new
+    one at each call (from ``seed``; None: a random seed), as CUDA's atomics
+    do from run to run: floating-point results then differ between seeds, so
+    a test that needs one order to pass shows it. Off in deterministic mode
+    (``torch.use_deterministic_algorithms(True)``), as on CUDA, where those
+    operators take a deterministic path."""
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little") >> 1
+    s = _count("seed", seed)
+    fid = _C._fault_shuffle_atomics(s)
+    return Fault(fid, f"shuffle_atomics(seed={s})")
+
+
 def report() -> list[dict[str, Any]]:
     """What was injected and where it surfaced (None while it has not)."""
     return _C._fault_report()
@@ -229,6 +245,7 @@ _SPEC_FAULTS = {
         fail_collective,
         {"op": "str", "rank": "int", "after": "int", "mode": "str"},
     ),
+    "shuffle_atomics": (shuffle_atomics, {"seed": "int"}),
 }
 
 

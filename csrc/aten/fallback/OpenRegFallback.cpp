@@ -21,6 +21,7 @@
 // copies to the host and back.
 #include "aten/fallback/OpenRegFallback.h"
 
+#include <ATen/Context.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -43,6 +44,7 @@
 #include "aten/OpenRegLaunch.h"
 #include "aten/fallback/OpenRegBorrowedStack.h"
 #include "aten/fallback/OpenRegDescribedCall.h"
+#include "aten/fallback/OpenRegDeterminism.h"
 #include "aten/fallback/OpenRegFallbackLog.h"
 #include "aten/fallback/OpenRegIValue.h"
 #include "aten/fallback/OpenRegLaunchPlan.h"
@@ -51,6 +53,7 @@
 #include "aten/fallback/OpenRegOutResize.h"
 #include "aten/fallback/OpenRegQueuedCall.h"
 #include "aten/fallback/OpenRegReservedResults.h"
+#include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegInterrupt.h"
 #include "core/OpenRegLaunchStats.h"
@@ -456,6 +459,16 @@ void fallback_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   const c10::Device device =
       find_device(traits, torch::jit::last(*stack, num_args));
   const c10::DeviceGuard guard(device);
+  // As CUDA's kernels (OpenRegDeterminism.h): an alert in deterministic
+  // mode, atomics' orders when armed.
+  if (C10_UNLIKELY(at::globalContext().deterministicAlgorithms())) {
+    alert_like_cuda(traits, torch::jit::last(*stack, num_args));
+  } else if (C10_UNLIKELY(faults::armed())) {
+    if (borrowed != nullptr) {
+      borrowed->own();
+    }
+    shuffle_like_atomics(traits, stack);
+  }
   note_fallback(op, traits.display_name);
   LaunchDecision decision = plan_launch(traits, *stack);
   if (decision.kind == LaunchDecision::kQueue) {
