@@ -3,6 +3,7 @@ and stays quiet on correctly synchronized programs."""
 
 import pytest
 import torch
+from conftest import describe
 
 o = torch.openreg
 D = "openreg"
@@ -121,3 +122,90 @@ def test_cross_device_copies_are_not_flagged(sanitizer):
     d = torch.empty(6, device="openreg:1")
     d.copy_(b)
     assert (d + 1).cpu()[0].item() == 1.0
+
+
+# --- a free without record_stream, timing without a synchronization ----------
+
+
+def test_memory_freed_without_record_stream_and_reused_is_flagged(sanitizer):
+    # CUDA's sanitizer reports it: x is read on s, freed, and its block is
+    # handed out again on the default stream while s may still read it.
+    x = torch.ones(1 << 20, device=D)
+    s = side_stream()
+    with o.stream(s):
+        y = x * 2
+    del x
+    with pytest.raises(sanitizer.StreamRaceError, match="without record_stream"):
+        torch.empty(1 << 20, device=D).fill_(3)
+    o.current_stream().wait_stream(s)
+    del y
+
+
+def test_record_stream_before_the_free_is_clean(sanitizer):
+    x = torch.ones(1 << 20, device=D)
+    s = side_stream()
+    with o.stream(s):
+        y = x * 2
+    x.record_stream(s)
+    del x
+    z = torch.empty(1 << 20, device=D).fill_(3)
+    o.current_stream().wait_stream(s)
+    assert y.sum().item() == 2 * (1 << 20) and z.sum().item() == 3 * (1 << 20)
+
+
+def test_elapsed_time_before_synchronizing_is_flagged(sanitizer):
+    start = torch.Event(device=D, enable_timing=True)
+    end = torch.Event(device=D, enable_timing=True)
+    start.record()
+    torch.ones(1000, device=D).mul_(2)
+    end.record()
+    with pytest.raises(sanitizer.StreamRaceError, match="elapsed_time"):
+        start.elapsed_time(end)
+    end.synchronize()
+    assert start.elapsed_time(end) >= 0
+
+
+ALL_SWITCHES = """
+import sys, torch
+o = torch.openreg
+D = "openreg"
+case = sys.argv[1]
+try:
+    if case == "race":
+        x = torch.zeros(1000, device=D)
+        s = o.Stream(); s.wait_stream(o.current_stream())
+        with o.stream(s):
+            x.add_(1)
+        y = x * 2
+    elif case == "free":
+        x = torch.ones(1 << 20, device=D)
+        s = o.Stream(); s.wait_stream(o.current_stream())
+        with o.stream(s):
+            y = x * 2
+        del x
+        torch.empty(1 << 20, device=D).fill_(3)
+    elif case == "elapsed":
+        a = torch.Event(device=D, enable_timing=True)
+        b = torch.Event(device=D, enable_timing=True)
+        a.record(); torch.ones(1000, device=D).mul_(2); b.record()
+        a.elapsed_time(b)
+    print("CLEAN")
+except o.sanitizer.StreamRaceError as e:
+    print("FLAGGED", str(e).split(chr(10))[0])
+"""
+
+
+@pytest.mark.parametrize("case", ["race", "free", "elapsed"])
+@pytest.mark.parametrize("blocking", ["0", "1"])
+def test_every_debug_switch_at_once_still_flags_the_bug(py, case, blocking):
+    # Blocking launches wait for every kernel; those waits are openreg's own,
+    # not the program's, so the sanitizer does not take them for
+    # synchronizations (as CUDA's sanitizer under CUDA_LAUNCH_BLOCKING=1).
+    out = py(
+        ALL_SWITCHES,
+        args=[case],
+        OPENREG_LAUNCH_BLOCKING=blocking,
+        OPENREG_SANITIZE_STREAMS="1",
+        OPENREG_FAULTS="delay_kernels:max_us=200",
+    )
+    assert out.stdout.startswith("FLAGGED"), describe(out)

@@ -286,6 +286,9 @@ void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
   }
   faults::check_not_poisoned(device);
   OpenRegStream stream = getCurrentStream(device);
+  // Both waits of a synchronous kernel are openreg's own, not the
+  // program's (the sanitizer is not told of them).
+  const InternalWait internal;
   {
     // Nothing of this kernel is queued yet: Ctrl-C may end this wait (not
     // the one below, which keeps `call` on this stack in use).
@@ -429,8 +432,10 @@ void launch_function(c10::DeviceIndex device, const std::string& op,
       faults::surfaced(device, "the call (it runs synchronously)");
     }
     // Raises the kernel's failure now, naming it. The parameters were
-    // copied at the launch: Ctrl-C may end the wait.
+    // copied at the launch: Ctrl-C may end the wait. Not the program's
+    // synchronization (the sanitizer is not told of it).
     const InterruptibleWait interruptible;
+    const InternalWait internal;
     stream.synchronize();
   }
 }

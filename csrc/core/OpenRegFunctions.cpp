@@ -158,15 +158,31 @@ void set_sync_debug_mode(int mode) {
 
 int get_sync_debug_mode() noexcept { return g_sync_debug_mode.load(); }
 
+namespace {
+std::atomic<std::string (*)()> g_sync_caller{nullptr};
+}  // namespace
+
+void set_sync_caller_hook(std::string (*hook)()) {
+  g_sync_caller.store(hook, std::memory_order_release);
+}
+
 void warn_or_error_on_sync(const char* what) {
   const int mode = g_sync_debug_mode.load(std::memory_order_relaxed);
+  if (C10_LIKELY(mode == 0)) {
+    return;
+  }
+  // What the program called, as the user wrote it ("Tensor.__bool__ at
+  // train.py:12: `if loss > 0:`"), when the Python module can tell.
+  std::string caller;
+  if (std::string (*hook)() = g_sync_caller.load(std::memory_order_acquire)) {
+    caller = hook();
+  }
+  const std::string where = caller.empty() ? "" : " from " + caller;
   if (mode == 2) {
     TORCH_CHECK(false, "called a synchronizing openreg operation (", what,
-                ") with sync debug mode 2 (error)");
+                ")", where, " with sync debug mode 2 (error)");
   }
-  if (mode == 1) {
-    TORCH_WARN("called a synchronizing openreg operation (", what, ")");
-  }
+  TORCH_WARN("called a synchronizing openreg operation (", what, ")", where);
 }
 
 bool launch_blocking() {

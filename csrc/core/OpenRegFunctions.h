@@ -5,6 +5,8 @@
 #include <c10/core/Device.h>
 #include <openreg.h>
 
+#include <string>
+
 namespace openreg {
 
 // The most devices the PyTorch layer handles: per-device tables (streams,
@@ -57,6 +59,9 @@ int get_sync_debug_mode() noexcept;
 // Called where an operation makes the host wait for the device in a way a
 // GPU would too (`what` names it): warns or raises per the mode.
 void warn_or_error_on_sync(const char* what);
+// How warn_or_error_on_sync names the Python-level call (the Python module
+// installs it; "" when it cannot tell).
+void set_sync_caller_hook(std::string (*hook)());
 
 // True when OPENREG_LAUNCH_BLOCKING=1: every kernel has run when its launch
 // returns, and a failure is raised at the launch.

@@ -136,6 +136,7 @@ double OpenRegGuardImpl::elapsedTime(
     void* event1, void* event2, const c10::DeviceIndex /*device_index*/) const {
   TORCH_CHECK(event1 != nullptr && event2 != nullptr,
               "Both events must be recorded before calculating elapsed time.");
+  trace_elapsed(reinterpret_cast<int64_t>(event2));  // the stream sanitizer
   float ms = 0;
   orError_t err = orEventElapsedTime(&ms, as_event(event1), as_event(event2));
   TORCH_CHECK(err != orErrorInvalidEventTiming,

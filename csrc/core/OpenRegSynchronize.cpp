@@ -26,6 +26,7 @@ std::unordered_map<orStream_t, std::vector<c10::Warning>> g_warnings;
 
 std::atomic<SyncTraceFn> g_sync_trace{nullptr};
 thread_local bool t_calls_own_wait = false;
+thread_local bool t_internal_wait = false;
 std::atomic<HostWaitHook> g_host_wait{nullptr};
 
 // Runs `wait` (which blocks on the runtime) through the host wait hook.
@@ -150,6 +151,12 @@ void raise_deferred(orError_t err, orStream_t stream, c10::DeviceIndex device) {
 
 }  // namespace
 
+InternalWait::InternalWait() : previous_(t_internal_wait) {
+  t_internal_wait = true;
+}
+
+InternalWait::~InternalWait() { t_internal_wait = previous_; }
+
 CallsOwnWait::CallsOwnWait() : previous_(t_calls_own_wait) {
   t_calls_own_wait = true;
 }
@@ -237,8 +244,18 @@ void set_host_wait_hook(HostWaitHook hook) {
   g_host_wait.store(hook, std::memory_order_release);
 }
 
+void trace_elapsed(int64_t end_event) {
+  if (SyncTraceFn fn = g_sync_trace.load(std::memory_order_relaxed)) {
+    fn("elapsed", end_event, 0, -1);
+  }
+}
+
 void trace_sync(const char* kind, int64_t event, int64_t stream,
                 int64_t device) {
+  const bool sync = kind[0] == 's';  // sync_event, sync_stream, sync_device
+  if (sync && t_internal_wait) {
+    return;
+  }
   if (SyncTraceFn fn = g_sync_trace.load(std::memory_order_relaxed)) {
     fn(kind, event, stream, device);
   }

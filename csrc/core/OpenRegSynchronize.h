@@ -44,6 +44,23 @@ class CallsOwnWait {
   bool previous_;
 };
 
+// Marks, for its scope, waits that exist only because of how openreg runs
+// work (a signature's first run, a blocking launch under
+// OPENREG_LAUNCH_BLOCKING=1): they order nothing the program asked for, so
+// the stream sanitizer is not told of them, and blocking launches do not
+// hide a race the sanitizer finds without them (CUDA's sanitizer sees no
+// synchronization in CUDA_LAUNCH_BLOCKING=1 either).
+class InternalWait {
+ public:
+  InternalWait();
+  ~InternalWait();
+  InternalWait(const InternalWait&) = delete;
+  InternalWait& operator=(const InternalWait&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Waits until all work queued on `stream` (a stream of `device`, id `id`)
 // has finished; raises the deferred errors of that stream.
 void synchronize_stream(orStream_t stream, c10::DeviceIndex device, int64_t id);
@@ -63,11 +80,16 @@ void set_host_wait_hook(HostWaitHook hook);
 // record/wait and every host synchronization is reported. kind is one of
 // "record" (event, stream, device), "wait" (event, stream, device),
 // "sync_event" (event), "sync_stream" (stream, device), "sync_device"
-// (device). The function must not throw.
+// (device), "elapsed" (the end event of an Event.elapsed_time). The function
+// must not throw, but for "elapsed" (trace_elapsed), whose exception is the
+// sanitizer's report and reaches the caller.
 using SyncTraceFn = void (*)(const char* kind, int64_t event, int64_t stream,
                              int64_t device);
 void set_sync_trace(SyncTraceFn fn);
 void trace_sync(const char* kind, int64_t event, int64_t stream,
                 int64_t device);
+// Event.elapsed_time(start, end): the sanitizer checks that the host
+// synchronized with `end` (may throw).
+void trace_elapsed(int64_t end_event);
 
 }  // namespace openreg

@@ -10,6 +10,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cstring>
 #include <optional>
 #include <sstream>
 #include <vector>
@@ -72,6 +73,23 @@ void synchronize(c10::DeviceIndex device) {
   synchronize_device(device < 0 ? current_device() : device);
 }
 
+// Sync debug mode: which Python call synchronized
+// (torch_openreg/openreg/_sync_caller.py), or "" if Python cannot tell.
+std::string python_sync_caller() {
+  if (!Py_IsInitialized() || _Py_IsFinalizing()) {
+    return "";
+  }
+  py::gil_scoped_acquire gil;
+  try {
+    return py::module_::import("torch_openreg.openreg._sync_caller")
+        .attr("describe")()
+        .cast<std::string>();
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable("openreg sync debug mode");
+    return "";
+  }
+}
+
 // The Python callable the stream sanitizer installed (leaked on purpose: it
 // may be called until exit).
 py::object* g_trace_callback = nullptr;
@@ -85,6 +103,9 @@ void call_trace(const char* kind, int64_t event, int64_t stream,
   try {
     (*g_trace_callback)(kind, event, stream, device);
   } catch (py::error_already_set& e) {
+    if (std::strcmp(kind, "elapsed") == 0) {
+      throw;  // the sanitizer's report, for the caller of elapsed_time
+    }
     e.discard_as_unraisable("openreg stream sanitizer trace");
   }
 }
@@ -354,6 +375,7 @@ PYBIND11_MODULE(_C, m) {
   interrupt_hooks.raise = &raise_python_interrupt;
   interrupt_hooks.is_interrupt = &python_is_interrupt;
   set_interrupt_hooks(interrupt_hooks);
+  set_sync_caller_hook(&python_sync_caller);
   static const int routed = route_generic_ops_to_fallback();
   m.attr("_generic_ops_routed") = routed;
   static const int layout_routed = route_layout_ops_to_fallback();

@@ -60,6 +60,9 @@ class Access:
 class MemoryState:
     last_write: Access | None = None
     reads: list[Access] = field(default_factory=list)
+    # Streams named by record_stream on a tensor of this memory: the caching
+    # allocator keeps the block from being reused before they pass it.
+    recorded: set = field(default_factory=set)
 
 
 def _describe(stream: StreamKey) -> str:
@@ -103,6 +106,8 @@ class _Sanitizer:
                 key = (device, stream)
                 self.merge(self.clock(HOST), self.clock(key))
                 self.clock(HOST)[key] = self.clock(key).get(key, 0)
+            elif kind == "elapsed":
+                self.elapsed(event)  # raises StreamRaceError
             elif kind == "sync_device":
                 for key in list(self.clocks):
                     if key != HOST and key[0] == device:
@@ -144,6 +149,51 @@ class _Sanitizer:
         else:
             state.reads = [r for r in state.reads if r.stream != access.stream] + [access]
 
+    def reuse(self, key: int, access: Access) -> None:
+        """A new tensor in memory that had another tensor's accesses: the old
+        tensor was freed, and its block handed out again on `access.stream`.
+        Accesses from other streams that do not happen before it, and that no
+        record_stream announced, race with the new tensor's writes: CUDA's
+        sanitizer reports the same (a free without record_stream)."""
+        state = self.memory.get(key)
+        if state is not None:
+            old = ([state.last_write] if state.last_write is not None else []) + state.reads
+            for other in old:
+                if (
+                    other.stream != access.stream
+                    and other.stream not in state.recorded
+                    and not self.happens_before(other, access.stream)
+                ):
+                    raise StreamRaceError(
+                        f"openreg stream sanitizer: {access.op} on "
+                        f"{_describe(access.stream)} gets memory that "
+                        f"{other.op} on {_describe(other.stream)} may still "
+                        f"{'write' if other.write else 'read'}: the tensor was freed "
+                        "without record_stream() for that stream (or a wait before "
+                        "the free), so the caching allocator reused its block at "
+                        "once.\n\n"
+                        f"{access.op} was launched from:\n{''.join(access.stack)}\n"
+                        f"{other.op} was launched from:\n{''.join(other.stack)}"
+                    )
+        self.memory[key] = MemoryState(last_write=access)
+
+    def elapsed(self, end_event: int) -> None:
+        """Event.elapsed_time(end): the host must have synchronized with `end`
+        (its completion is what the time needs). Checked on the vector clocks,
+        not on whether it happened to complete, so blocking launches
+        (OPENREG_LAUNCH_BLOCKING=1) do not hide it."""
+        recorded = self.events.get(end_event)
+        if recorded is None:
+            return
+        host = self.clock(HOST)
+        if any(host.get(k, 0) < v for k, v in recorded.items() if k != HOST):
+            raise StreamRaceError(
+                "openreg stream sanitizer: Event.elapsed_time() before the host "
+                "synchronized with the end event: on a device the time is ready only "
+                "once the event has completed (call end.synchronize() or "
+                "torch.openreg.synchronize() first)"
+            )
+
 
 _state = _Sanitizer()
 
@@ -181,6 +231,8 @@ def _touches_data(func) -> bool:
 class _Mode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func._schema.name == "aten::record_stream" and len(args) >= 2:
+            self._record_stream(args[0], args[1])
         if not _touches_data(func):
             return func(*args, **kwargs)
         reads: list[torch.Tensor] = []
@@ -200,6 +252,15 @@ class _Mode(TorchDispatchMode):
         self._record(str(func), reads, writes, fresh, non_blocking)
         return result
 
+    @staticmethod
+    def _record_stream(tensor: torch.Tensor, stream: Any) -> None:
+        key = _key(tensor)
+        if key is None or tensor.device.type != "openreg":
+            return
+        with _state.lock:
+            state = _state.memory.setdefault(key, MemoryState())
+            state.recorded.add((tensor.device.index, stream.stream_id))
+
     def _record(self, op: str, reads, writes, fresh, non_blocking: bool) -> None:
         # The stream an operator runs on is its destination's (what it writes,
         # or its new outputs): a copy from openreg:1 to openreg:0 is ordered
@@ -218,9 +279,7 @@ class _Mode(TorchDispatchMode):
             for t in fresh:
                 key = _key(t)
                 if key is not None and t.device.type == "openreg":
-                    _state.memory[key] = MemoryState(
-                        last_write=Access(stream, tick, op, stack, True)
-                    )
+                    _state.reuse(key, Access(stream, tick, op, stack, True))
             for tensors, write in ((reads, False), (writes, True)):
                 for t in tensors:
                     key = _key(t)

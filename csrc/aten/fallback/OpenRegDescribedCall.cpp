@@ -370,6 +370,12 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
   {
     const OpenRegStream stream = getCurrentStream(device.index());
     const InterruptibleWait interruptible;
+    // An operator whose results' sizes depend on the data synchronizes on
+    // CUDA too; any other first run only because openreg learns it.
+    std::optional<InternalWait> internal;
+    if (!traits.data_dependent) {
+      internal.emplace();
+    }
     try {
       const CallsOwnWait own;  // a failure is raised at this call
       stream.synchronize();

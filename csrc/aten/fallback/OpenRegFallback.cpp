@@ -514,6 +514,13 @@ void fallback_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   stats::count_op(decision.kind == LaunchDecision::kLearn ? stats::kLearned
                                                           : stats::kSynchronous,
                   traits.display_name.c_str());
+  if (traits.data_dependent) {
+    // The host needs the results' sizes, as CUDA's nonzero, masked_select,
+    // unique or boolean-mask indexing do: a synchronization CUDA's sync
+    // debug mode reports (a signature's first run synchronizes only
+    // because openreg learns it, and is not reported).
+    warn_or_error_on_sync(traits.display_name.c_str());
+  }
   run_synchronously(op, traits, stack, device, std::move(decision));
 }
 
