@@ -12,7 +12,7 @@ namespace openreg {
 // The most devices the PyTorch layer handles: per-device tables (streams,
 // allocator caches, generators) are sized by it. device_count() never
 // reports more, whatever the driver says.
-constexpr c10::DeviceIndex kMaxDevices = 16;
+constexpr c10::DeviceIndex kMaxDevices = OR_MAX_DEVICES;
 
 // Number of devices (at most kMaxDevices); 0 if the runtime cannot start
 // (never throws).

@@ -140,9 +140,15 @@ typedef struct orDeviceProp {
   int streamPriorityGreatest; /* numerically smallest (highest) priority */
 } orDeviceProp;
 
-/* Number of simulated devices. Only reads the configuration: it creates no
- * device state, so a process may call it and then fork (the child can still
- * use the runtime). Every other call initialises the devices on first use. */
+/* The most devices a runtime has (OPENREG_DEVICE_COUNT's upper bound). The
+ * PyTorch layer sizes its per-device tables by it and the process driver its
+ * shared tables, so it is defined here once. */
+#define OR_MAX_DEVICES 16
+
+/* Number of simulated devices, at most OR_MAX_DEVICES. Only reads the
+ * configuration: it creates no device state, so a process may call it and then
+ * fork (the child can still use the runtime). Every other call initialises the
+ * devices on first use. */
 OPENREG_API orError_t orGetDeviceCount(int* count);
 /* Sets the calling thread's current device. */
 OPENREG_API orError_t orSetDevice(int device);

@@ -20,7 +20,7 @@ std::atomic<bool> g_forked{false};
 namespace {
 
 constexpr int kDefaultDeviceCount = 2;
-constexpr int kMaxDeviceCount = 16;
+constexpr int kMaxDeviceCount = OR_MAX_DEVICES;
 constexpr size_t kDefaultCapacity = size_t{4} << 30;  // 4 GiB per device
 constexpr size_t kMinCapacity = size_t{1} << 20;      // 1 MiB
 // Each device maps its capacity twice (device and kernel views): 16 devices

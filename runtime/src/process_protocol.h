@@ -31,8 +31,8 @@
 
 namespace openreg_proc {
 
-constexpr uint32_t kMagic = 0x6f726770;  // "orgp"
-constexpr int kMaxDevices = 16;
+constexpr uint32_t kMagic = 0x6f726770;      // "orgp"
+constexpr int kMaxDevices = OR_MAX_DEVICES;  // the public header's limit
 constexpr int kMaxStreams = 128;  // per device, the default stream included
 constexpr uint32_t kRingSlots = 64;
 // Commands that must have completed before a launch that found its ring full
