@@ -8,7 +8,9 @@ Environment:
   MAX_JOBS            parallel compile jobs (default: number of CPUs)
 """
 
+import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +20,30 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+
+
+def build_info() -> str:
+    """The text of torch_openreg/_build_info.py: what this build is, and the
+    torch it was compiled against (the import checks it, since the extension
+    links to that torch's C++ libraries)."""
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return (
+        '"""Written by setup.py at build time; not in git."""\n\n'
+        f"VERSION = {version.group(1)!r}\n"
+        f"TORCH_VERSION = {importlib.metadata.version('torch')!r}\n"
+        f"BUILD_TYPE = {os.environ.get('OPENREG_BUILD_TYPE', 'Release')!r}\n"
+        f"SANITIZE = {os.environ.get('OPENREG_SANITIZE', '')!r}\n"
+        f"GIT_COMMIT = {commit!r}\n"
+    )
 
 
 class CMakeExtension(Extension):
@@ -58,8 +84,11 @@ class CMakeBuild(build_ext):
         # starts it (the runtime looks beside the library it is linked into).
         # An editable install copies only the module itself into the source
         # tree, so the executable goes to both places.
-        # The kernel library a device process loads goes with it.
+        # The kernel library a device process loads goes with it, and the
+        # build's description.
+        info = build_info()
         for package_dir in {target.parent, ROOT / "torch_openreg"}:
+            (package_dir / "_build_info.py").write_text(info)
             for built_file in (
                 build_dir / "runtime" / "openreg-device",
                 build_dir / "csrc" / "libopenreg_kernels.so",

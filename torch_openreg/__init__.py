@@ -17,16 +17,41 @@ import time
 
 import torch
 
-from torch_openreg import (
+
+def _check_build() -> str:
+    """The version of this build; ImportError if the installed torch is not
+    the one the extension was compiled against (its C++ ABI is not stable:
+    loading it beside another torch fails with undefined symbols, or worse)."""
+    try:
+        from torch_openreg import _build_info
+    except ImportError:
+        raise ImportError(
+            "torch_openreg is not built: build it with `make build` (or install its wheel)"
+        ) from None
+    built_for = _build_info.TORCH_VERSION.split("+")[0]
+    running = torch.__version__.split("+")[0]
+    if running != built_for:
+        raise ImportError(
+            f"torch_openreg {_build_info.VERSION} was built for torch {built_for}, but torch "
+            f"{torch.__version__} is installed ({os.path.dirname(torch.__file__)}): install "
+            f"torch=={built_for}, or build openreg against this torch; set "
+            "TORCH_DEVICE_BACKEND_AUTOLOAD=0 to use this torch without openreg"
+        )
+    return _build_info.VERSION
+
+
+__version__ = _check_build()
+
+from torch_openreg import (  # noqa: E402  (after the check of the torch it needs)
     _C,  # noqa: F401  (loading it registers the C++ side)
     _post_import,
 )
-from torch_openreg import compile as _compile
-from torch_openreg import distributed as _distributed
-from torch_openreg import ipc as _ipc
-from torch_openreg import openreg as _device_module
+from torch_openreg import compile as _compile  # noqa: E402
+from torch_openreg import distributed as _distributed  # noqa: E402
+from torch_openreg import ipc as _ipc  # noqa: E402
+from torch_openreg import openreg as _device_module  # noqa: E402
 
-__all__ = ["BACKEND_NAME"]
+__all__ = ["BACKEND_NAME", "__version__"]
 
 BACKEND_NAME = "openreg"
 

@@ -344,9 +344,11 @@ def set_sync_debug_mode(debug_mode: int | str) -> None:
     As on CUDA, the operations that make the host wait for the device for a
     reason a GPU shares report it: ``Tensor.item()``, blocking copies between
     the device and the CPU, ``Stream.synchronize()``. ``synchronize()`` of a
-    whole device does not. Like CUDA's, the coverage is not complete: ops
-    whose output shape depends on the data (``nonzero``, ...) are not
-    reported, nor the waits only the simulator makes.
+    whole device does not; the operators whose result's size depends on the
+    data (``nonzero``, boolean-mask indexing, ``masked_select``, ``unique``)
+    do, as CUDA's. The report names the Python-level call (``Tensor.item()``,
+    ``Tensor.__bool__``, printing) and its line. The waits only the simulator
+    makes (first runs, blocking launches) are not reported.
     """
     _lazy_init()
     if isinstance(debug_mode, str):
