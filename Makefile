@@ -13,6 +13,8 @@
 #   make fuzz         set up, build, the long random-program fuzz run and the
 #                     two-stream stress (FUZZ_SECONDS in all, default 1200;
 #                     with SANITIZE=address under AddressSanitizer)
+#   make wheel        dist/torch_openreg-*.whl (auditwheel-repaired; torch external)
+#   make test-wheel   that wheel in a fresh venv with only torch, no build tools
 #   make format lint  clang-format + ruff
 #
 # Variables: BUILD_TYPE (Release), SANITIZE (e.g. address,undefined), PYTHON,
@@ -31,7 +33,7 @@ export OPENREG_BUILD_DIR := $(abspath $(BUILD_DIR))
 
 CPP_SOURCES := $(shell find runtime csrc -name '*.cpp' -o -name '*.h')
 
-.PHONY: all setup build demo test test-runtime bench-runtime test-runtime-asan test-python test-process-driver bench opinfo opinfo-sparse scaffold-check compile-zoo conformance conformance-card fuzz format lint clean
+.PHONY: all setup build wheel test-wheel demo test test-runtime bench-runtime test-runtime-asan test-python test-process-driver bench opinfo opinfo-sparse scaffold-check compile-zoo conformance conformance-card fuzz format lint clean
 
 all: build
 
@@ -49,6 +51,14 @@ setup: $(VENV)/.stamp
 build: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/pip install --quiet \
 	    --no-build-isolation --no-deps -e .
+
+# A wheel a CI job installs in seconds (docs/ci.md), and its check in a
+# fresh venv (part of `make test`: about a minute).
+wheel: build
+	VENV=$(VENV) bash scripts/build_wheel.sh
+
+test-wheel: wheel
+	bash scripts/test_wheel.sh
 
 demo: build
 	$(PY) examples/train_demo.py
@@ -77,7 +87,7 @@ test-python: build
 test-process-driver: build
 	OPENREG_DRIVER=process $(PY) -m pytest -q tests
 
-test: test-runtime test-python
+test: test-runtime test-python test-wheel
 
 # The runtime's launch, round-trip and copy costs, thread vs process driver.
 bench-runtime: test-runtime
