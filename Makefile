@@ -15,6 +15,7 @@
 #                     with SANITIZE=address under AddressSanitizer)
 #   make wheel        dist/torch_openreg-*.whl (auditwheel-repaired; torch external)
 #   make test-wheel   that wheel in a fresh venv with only torch, no build tools
+#   make thirdparty   a third-party library's own tests (roma) on openreg vs the CPU
 #   make format lint  clang-format + ruff
 #
 # Variables: BUILD_TYPE (Release), SANITIZE (e.g. address,undefined), PYTHON,
@@ -33,7 +34,7 @@ export OPENREG_BUILD_DIR := $(abspath $(BUILD_DIR))
 
 CPP_SOURCES := $(shell find runtime csrc -name '*.cpp' -o -name '*.h')
 
-.PHONY: all setup build wheel test-wheel demo test test-runtime bench-runtime test-runtime-asan test-python test-process-driver bench opinfo opinfo-sparse scaffold-check compile-zoo conformance conformance-card fuzz format lint clean
+.PHONY: all setup build wheel test-wheel thirdparty demo test test-runtime bench-runtime test-runtime-asan test-python test-process-driver bench opinfo opinfo-sparse scaffold-check compile-zoo conformance conformance-card fuzz format lint clean
 
 all: build
 
@@ -59,6 +60,11 @@ wheel: build
 
 test-wheel: wheel
 	bash scripts/test_wheel.sh
+
+# roma's own test suite through the plugin's CUDA shim, against the CPU
+# (docs/ci.md); about 2 minutes, and needs PyPI for the release's tests.
+thirdparty: build
+	$(PY) scripts/thirdparty_slice.py
 
 demo: build
 	$(PY) examples/train_demo.py

@@ -173,3 +173,41 @@ def test_a_scripted_module_with_autocast_compiles_under_the_shim(tmp_path):
     proc = run_shim(["-m", "torch_openreg.run", str(script)], tmp_path)
     assert proc.returncode == 0, describe(proc)
     assert "scripted torch.float32 torch.float16" in proc.stdout, describe(proc)
+
+
+def test_fullgraph_compile_under_the_shim(tmp_path):
+    # Found by the third-party slice (make thirdparty, roma's tests): under
+    # the shim, torch.compile(fullgraph=True) failed on a Tensor method
+    # written in Python (Tensor.unflatten: Dynamo could not trace its super()
+    # call through the shim's torch-function mode), and on
+    # torch.is_autocast_enabled, whose wrapper Dynamo did not fold.
+    script = tmp_path / "fullgraph.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            def f(x):
+                if torch.is_autocast_enabled(x.device.type):
+                    x = x.float()
+                return torch.stack([x, x * 2], dim=-1).flatten(-2).unflatten(-1, (4, 2))
+
+            x = torch.randn(3, 4, device="cuda")
+            g = torch.compile(f, fullgraph=True, backend="aot_eager")
+            print("values", torch.equal(g(x).cpu(), f(x.cpu())), g(x).device)
+            with torch.autocast("cuda", dtype=torch.float16):
+                print("autocast", g(x.half()).dtype)
+            """
+        )
+    )
+    proc = run_shim(
+        ["-m", "torch_openreg.run", str(script)],
+        tmp_path,
+        timeout=170,
+        TORCHINDUCTOR_CACHE_DIR=tmp_path / "inductor",
+    )
+    assert proc.returncode == 0, describe(proc)
+    assert "values True openreg:0" in proc.stdout, describe(proc)
+    # x.device.type is "openreg": the shim's documented caveat, so the
+    # autocast branch (which asks about "openreg") is taken, as on CUDA.
+    assert "autocast torch.float32" in proc.stdout, describe(proc)

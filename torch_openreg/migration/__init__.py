@@ -64,6 +64,7 @@ def activate() -> None:
         patches.patch_serialization()
         patches.patch_distributed()
         patches.patch_data_parallel()
+        patches.fold_in_dynamo()
         devices.install_thread_hook()
         devices.push_mode()
         _active = True

@@ -84,11 +84,21 @@ class CudaToOpenRegMode(TorchFunctionMode):
         args, kwargs = map_arguments(args, kwargs)
         if func is _TENSOR_CUDA:
             return torch.Tensor.openreg(*args, **kwargs)
+        if _is_compiling() and args and isinstance(args[0], torch.Tensor):
+            # torch.compile traces this handler. A Tensor method written in
+            # Python (Tensor.unflatten, ...) called as a function would be
+            # inlined, and Dynamo cannot trace its super() call
+            # (fullgraph=True fails); called as a method of the tensor it is
+            # the operator Dynamo knows.
+            name = getattr(func, "__name__", None)
+            if name and getattr(torch.Tensor, name, None) is func:
+                return getattr(args[0], name)(*args[1:], **kwargs)
         return func(*args, **kwargs)
         # [/doc:mode]
 
 
 _TENSOR_CUDA = torch.Tensor.cuda
+_is_compiling = torch.compiler.is_compiling
 
 
 def push_mode() -> None:

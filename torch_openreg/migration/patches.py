@@ -15,12 +15,15 @@ import torch
 from .cuda_module import _proxy_class
 from .devices import BACKEND, map_arguments, map_device
 
+_ORIGINALS: dict[Any, Any] = {}  # each wrapper -> the function it wraps
+
 
 def _replace(owner: Any, name: str, make: Any) -> None:
     original = getattr(owner, name)
     if getattr(original, "_openreg_shim", False):
         return
     wrapper = make(original)
+    _ORIGINALS[wrapper] = original
     functools.update_wrapper(wrapper, original)
     wrapper._openreg_shim = True
     # TorchScript compiles what scripted code calls: a wrapper of one of its
@@ -34,6 +37,24 @@ def _replace(owner: Any, name: str, make: Any) -> None:
     if op is not None:
         _builtins._register_builtin(wrapper, op)
     setattr(owner, name, wrapper)
+
+
+def fold_in_dynamo() -> None:
+    """torch.compile folds torch's state queries (``torch.is_autocast_enabled``,
+    ``torch.get_autocast_dtype``, ...) to constants when it meets them, from a
+    table made when ``torch._dynamo`` is imported. Imported after the shim,
+    the table holds the wrappers, and Dynamo, tracing into a wrapper, meets
+    the original it does not know ("torch.* op returned non-Tensor", so
+    ``fullgraph=True`` fails): the originals are added beside them."""
+    from torch_openreg import _post_import
+
+    def add(module: Any) -> None:
+        table = module.constant_fold_functions
+        for wrapper, original in _ORIGINALS.items():
+            if wrapper in table or original in table:
+                table[original] = None
+
+    _post_import.when_imported("torch._dynamo.variables.torch", add)
 
 
 def _mapping_all_arguments(original: Any) -> Any:
