@@ -505,3 +505,30 @@ def test_fused_dropout_edge_probabilities():
     assert not bool(mask.any()) and torch.equal(out.cpu(), torch.zeros(100))
     with pytest.raises(RuntimeError, match="Bool"):
         torch.ops.aten.native_dropout_backward(x, x, 2.0)
+
+
+def test_rng_state_under_a_functorch_transform():
+    # torch.compile reads every device's RNG state while it traces, also
+    # inside torch.func.jvp / vmap (found with roma's test_jvp_torch_compile
+    # under the CUDA shim): the state is a plain CPU tensor there too, as
+    # the CPU generator's (torch.get_rng_state) is.
+    def f(x):
+        state = torch.openreg.get_rng_state()
+        return x * state.float().sum(), state
+
+    def g(x):
+        state = torch.get_rng_state()
+        return x * state.float().sum(), state
+
+    expected = torch.openreg.get_rng_state()
+    x = torch.ones(3, device=D)
+    (_, state), (tangent, _) = torch.func.jvp(f, (x,), (x,))
+    assert torch.equal(state, expected)
+    assert state.device.type == "cpu" and state.dtype == torch.uint8
+    _, (cpu_tangent, _) = torch.func.jvp(g, (x.cpu(),), (x.cpu(),))
+    scale = expected.float().sum() / torch.get_rng_state().float().sum()
+    torch.testing.assert_close(tangent.cpu(), cpu_tangent * scale)
+    states = torch.func.vmap(lambda t: t * torch.openreg.get_rng_state().float().sum())(
+        torch.ones(2, 3, device=D)
+    )
+    assert states.shape == (2, 3)

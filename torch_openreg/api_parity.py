@@ -114,9 +114,10 @@ SECTIONS: list[tuple[str, list[Row]]] = [
             _same("get_sync_debug_mode", "0, 1 or 2 as set"),
             _same(
                 "set_sync_debug_mode",
-                "warns or raises on `Tensor.item()`, blocking copies to or from the CPU "
-                "and `Stream.synchronize()`; as on CUDA the coverage is not complete "
-                "(data-dependent ops such as `nonzero` are not reported)",
+                "warns or raises on `Tensor.item()`, blocking copies to or from the CPU, "
+                "`Stream.synchronize()` and the data-dependent operators CUDA reports "
+                "(`nonzero`, boolean-mask indexing, `masked_select`, `unique`), naming the "
+                "Python-level call and line",
             ),
             _same(
                 "get_arch_list",

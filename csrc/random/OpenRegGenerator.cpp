@@ -1,7 +1,7 @@
 #include "random/OpenRegGenerator.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <c10/core/TensorImpl.h>
 
 #include <array>
@@ -79,8 +79,14 @@ void OpenRegGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
 }
 
 c10::intrusive_ptr<c10::TensorImpl> OpenRegGeneratorImpl::get_state() const {
-  at::Tensor state = at::empty({static_cast<int64_t>(kStateBytes)},
-                               at::TensorOptions().dtype(at::kByte));
+  // A plain CPU tensor made without the dispatcher, as the CPU's and CUDA's
+  // generators make theirs: under a functorch transform (torch.func.jvp,
+  // vmap) at::empty would return the transform's wrapper, which has no
+  // storage to write the state into (torch.compile reads the RNG state of
+  // every device while it traces such a function).
+  at::Tensor state =
+      at::detail::empty_cpu({static_cast<int64_t>(kStateBytes)}, at::kByte,
+                            /*pin_memory=*/false, at::MemoryFormat::Contiguous);
   std::array<uint64_t, 2> words{};
   {
     std::lock_guard<std::mutex> lock(state_mutex_);
