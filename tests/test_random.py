@@ -532,3 +532,11 @@ def test_rng_state_under_a_functorch_transform():
         torch.ones(2, 3, device=D)
     )
     assert states.shape == (2, 3)
+
+    def h(x):  # what torch.compile does around a traced frame
+        torch.openreg.set_rng_state(torch.openreg.get_rng_state())
+        return x * 2
+
+    _, tangent = torch.func.jvp(h, (x,), (x,))
+    assert torch.equal(tangent.cpu(), torch.full((3,), 2.0))
+    assert torch.equal(torch.openreg.get_rng_state(), expected)

@@ -72,7 +72,11 @@ def set_rng_state(new_state: torch.Tensor, device: int | str | torch.device = "o
     """
     from . import _lazy_call, current_device
 
-    state = new_state.clone(memory_format=torch.contiguous_format)
+    # Outside any functorch transform (torch.func.jvp, vmap), whose clone
+    # would be a wrapper without storage, as torch.cuda.set_rng_state does:
+    # torch.compile restores every device's state while it traces such code.
+    with torch._C._DisableFuncTorch():
+        state = new_state.clone(memory_format=torch.contiguous_format)
     index = _explicit_index(device)
 
     def cb() -> None:
