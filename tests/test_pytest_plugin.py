@@ -71,23 +71,23 @@ def test_a_leaking_test_is_reported(py, tmp_path):
 RACE = """
     import torch
 
-    def test_race():
-        o = torch.openreg
+    o = torch.openreg
+
+    def add_one_on_a_side_stream():
         x = torch.zeros(1000, device="openreg")
         s = o.Stream()
         s.wait_stream(o.current_stream())
         with o.stream(s):
             x.add_(1)
+        return x, s
+
+    def test_race():
+        x, s = add_one_on_a_side_stream()
         y = x * 2  # no wait_stream(s) before reading x on the default stream
         o.synchronize()
 
     def test_ordered():
-        o = torch.openreg
-        x = torch.zeros(1000, device="openreg")
-        s = o.Stream()
-        s.wait_stream(o.current_stream())
-        with o.stream(s):
-            x.add_(1)
+        x, s = add_one_on_a_side_stream()
         o.current_stream().wait_stream(s)
         assert torch.equal((x * 2).cpu(), torch.full((1000,), 2.0))
     """
