@@ -642,12 +642,22 @@ def main() -> int:
     parser.add_argument(
         "--only", help="only the cases whose name contains this text (idle table, no extra rows)"
     )
+    parser.add_argument(
+        "--fallback",
+        choices=("engine", "copy"),
+        default="engine",
+        help="openreg's fallback (OPENREG_FALLBACK): the engine (default) or the copying "
+        "fallback of a port (docs/operators.md); copy writes to results/fallback-copy",
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--device", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         print(json.dumps(measure(args.measure, args.device, args.quick)))
         return 0
+    os.environ["OPENREG_FALLBACK"] = args.fallback  # inherited by every fresh process
+    if args.fallback == "copy" and args.out == parser.get_default("out"):
+        args.out = args.out / "fallback-copy"
 
     raise_on_sigterm()
     rounds = args.rounds or (1 if args.quick else 5)
@@ -687,6 +697,7 @@ def main() -> int:
         },
         "torch_version": torch.__version__,
         "quick": args.quick,
+        "fallback": args.fallback,
         "rounds": rounds,
         "seconds": elapsed,
         "tables": tables,

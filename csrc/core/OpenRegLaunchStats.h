@@ -24,7 +24,9 @@ enum Counter : int {
   kCopied = 8,       // queued calls whose kernel computes its results into
                      // temporaries and copies them into the device results
                      // (no out= variant writes them in place)
-  kCounterCount = 9,
+  kHostCopied = 9,   // fallback calls run by the copying fallback
+                     // (OPENREG_FALLBACK=copy: arguments copied to the host)
+  kCounterCount = 10,
 };
 
 void count(Counter counter);

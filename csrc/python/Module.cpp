@@ -455,6 +455,7 @@ PYBIND11_MODULE(_C, m) {
         out["described_by_op"] = s.described_by_op;
         out["copied"] = s.counters[stats::kCopied];
         out["copied_by_op"] = s.copied_by_op;
+        out["host_copied"] = s.counters[stats::kHostCopied];
         return out;
       },
       "How operators ran since the last reset (core/OpenRegLaunchStats.h).");

@@ -111,7 +111,8 @@ def _launch_stats() -> dict:
     carry them, or ``OPENREG_SERIALIZED_CALLS=0``), openreg kernels run
     staged on the host because the driver runs named kernels only and they
     are not named kernels yet, with the operators of the last four; tasks
-    launched, and host waits. A profiling aid
+    launched, host waits, and calls run by the copying fallback
+    (``host_copied``, ``OPENREG_FALLBACK=copy``). A profiling aid
     (benchmarks/bench_loops.py --breakdown), not a stable API."""
     return _C._launch_stats()
 

@@ -43,6 +43,7 @@
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
 #include "aten/fallback/OpenRegBorrowedStack.h"
+#include "aten/fallback/OpenRegCopyingFallback.h"
 #include "aten/fallback/OpenRegDescribedCall.h"
 #include "aten/fallback/OpenRegDeterminism.h"
 #include "aten/fallback/OpenRegFallbackLog.h"
@@ -454,6 +455,15 @@ void fallback_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       borrowed->own();
     }
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    return;
+  }
+  if (C10_UNLIKELY(copying_fallback_selected())) {
+    // OPENREG_FALLBACK=copy: the fallback of a device the host cannot map,
+    // for comparison with this engine (OpenRegCopyingFallback.h).
+    if (borrowed != nullptr) {
+      borrowed->own();
+    }
+    copying_fallback(op, stack);
     return;
   }
   const c10::Device device =

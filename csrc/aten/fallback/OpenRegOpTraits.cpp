@@ -58,6 +58,9 @@ constexpr OpPolicyRow kPolicy[] = {
     {"aten::ldexp_", kRouteToFallback,
      "the generic kernel computes self * 2**other where no ldexp kernel is "
      "registered, accepting exponent dtypes the CPU rejects"},
+    {"aten::native_batch_norm", kWritesUnannotated,
+     "in training it updates running_mean and running_var in place, which "
+     "its schema (Tensor? running_mean) does not say"},
     {"aten::arange", kScalarValuesMatter,
      "start, end and step decide the length of the result"},
     {"aten::range", kScalarValuesMatter,

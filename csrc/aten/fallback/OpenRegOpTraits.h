@@ -33,6 +33,10 @@ enum OpPolicy : uint8_t {
   // threads compute it: the device may run it on fewer threads than the
   // launch gives (team_size_free).
   kTeamSizeFree = 1 << 4,
+  // The CPU kernel writes tensor arguments its schema does not mark as
+  // written: a fallback that copies arguments (OpenRegCopyingFallback.cpp)
+  // copies back those whose bytes the kernel changed.
+  kWritesUnannotated = 1 << 5,
 };
 
 // One row of the policy table.

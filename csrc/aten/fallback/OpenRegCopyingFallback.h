@@ -1,0 +1,20 @@
+// The copying fallback (OpenRegCopyingFallback.cpp): arguments copied to the
+// host through the runtime's copies, PyTorch's CPU kernel run there, written
+// arguments and results copied back. The fallback of a device whose memory
+// the host cannot map, and the one a port starts from.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+namespace openreg {
+
+// Runs `op` on the arguments at the top of `stack` by copying, leaving its
+// results there.
+void copying_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Whether OPENREG_FALLBACK=copy asked for it in place of the simulator's
+// engine (read once; any value but "engine", "copy" or empty is refused).
+bool copying_fallback_selected();
+
+}  // namespace openreg
