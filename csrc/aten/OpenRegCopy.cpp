@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
-#include "aten/OpenRegKernelView.h"
-#include "aten/OpenRegLaunch.h"
+#include "aten/fallback/OpenRegCopyingFallback.h"
+#include "core/OpenRegEngine.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
 #include "memory/OpenRegAllocator.h"
@@ -26,19 +26,6 @@ namespace {
 
 bool is_openreg(const at::Tensor& t) {
   return t.device().type() == c10::DeviceType::PrivateUse1;
-}
-
-// A same-device copy on a device that runs named kernels only
-// (OPENREG_DRIVER=process): the serialized call aten::copy_(dst, src),
-// queued as the kernel library's openreg_boxed_call, which runs PyTorch's CPU
-// copy kernel on the device's own mapping (strides, broadcasting, dtype
-// conversion). False when the call cannot be written as bytes.
-bool launch_named_copy(const at::Tensor& src, const at::Tensor& dst,
-                       c10::DeviceIndex device) {
-  static const c10::OperatorHandle op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
-  const std::array<c10::IValue, 3> args{dst, src, false};
-  return launch_boxed_call(device, "aten::copy_", op, args, {}, dst.numel());
 }
 
 // True when a byte-for-byte copy of the dense span is the whole job.
@@ -149,10 +136,10 @@ at::Tensor OpenRegNativeFunctions::_copy_from(const at::Tensor& self,
       !self.storage().is_alias_of(dst.storage()) &&
       at::is_expandable_to(self.sizes(), dst.sizes()) &&
       at::has_internal_overlap(dst) != at::MemOverlap::Yes) {
-    // Device to device on one device: a kernel queued on the stream (the
-    // host does not wait), with non-owning handles like every async kernel;
-    // a named kernel on a device that runs only those.
-    if (launch_named_copy(self, dst, device)) {
+    // Device to device on one device: the engine's kernel queued on the
+    // stream (the host does not wait).
+    if (engine().copy != nullptr &&
+        engine().copy(self, dst, device, /*queue=*/true)) {
       return dst;
     }
   }
@@ -168,14 +155,12 @@ at::Tensor OpenRegNativeFunctions::_copy_from(const at::Tensor& self,
                     kind_of(self, dst), getCurrentStream(device));
     return dst;
   }
-  run_sync(device, [&] {
-    // General case: PyTorch's CPU copy kernel over the kernel views handles
-    // broadcasting, strides and dtype conversion in one pass.
-    KernelViews views;
-    at::Tensor src_view = is_openreg(self) ? views.view(self) : self;
-    at::Tensor dst_view = is_openreg(dst) ? views.view(dst) : dst;
-    dst_view.copy_(src_view);
-  });
+  // General case (broadcasting, strides, dtype conversion): the engine's
+  // kernel, else PyTorch's CPU copy on host copies of both sides.
+  if (engine().copy == nullptr ||
+      !engine().copy(self, dst, device, /*queue=*/false)) {
+    copy_through_host(self, dst);
+  }
   return dst;
 }
 

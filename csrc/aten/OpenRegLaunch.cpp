@@ -34,9 +34,7 @@
 #include <thread>
 #include <utility>
 
-#include "aten/OpenRegKernelView.h"
-#include "aten/fallback/OpenRegCallEncoder.h"
-#include "aten/fallback/OpenRegOpTraits.h"
+#include "core/OpenRegEngine.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
@@ -308,7 +306,7 @@ void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
   if (!host_kernels_supported()) {
     // The device runs named kernels only (OPENREG_DRIVER=process): the
     // kernel runs here, on the calling thread, over tensors staged through
-    // host memory ("staged-kernels" in aten/OpenRegKernelView.h), as a real
+    // host memory (the engine's run_staged, core/OpenRegEngine.h), as a real
     // device's CPU fallback does.
     // As on a worker: the call's own thread count (identical calls, queued
     // or not, split their reductions alike) and the device's floating-point
@@ -316,9 +314,11 @@ void run_sync(c10::DeviceIndex device, c10::function_ref<void()> kernel,
     const profiler::InlineKernel trace(device);
     const WorkerThreads threads(thread_cap(elements));
     const DeviceFloatMode float_mode;
-    StagedKernelScope staged;
-    kernel();
-    staged.write_back_changed();
+    if (engine().run_staged != nullptr) {
+      engine().run_staged(kernel);  // the engine stages what its views touch
+    } else {
+      kernel();  // no engine: no host code reads device memory
+    }
     return;
   }
   const profiler::InlineKernel trace(device);
@@ -440,38 +440,5 @@ void launch_function(c10::DeviceIndex device, const std::string& op,
   }
 }
 // [/doc:launch-function]
-
-bool launch_boxed_call(c10::DeviceIndex device, const std::string& op_name,
-                       const c10::OperatorHandle& op,
-                       c10::ArrayRef<c10::IValue> args,
-                       c10::ArrayRef<at::Tensor> results, int64_t elements) {
-  c10::SmallVector<at::Tensor, 4> defined;
-  c10::SmallVector<std::pair<size_t, int>, 4> slots;
-  for (size_t i = 0; i < results.size(); ++i) {
-    if (results[i].defined()) {
-      defined.push_back(results[i]);
-      slots.emplace_back(i, -1);
-    }
-  }
-  CallToEncode call;
-  call.op = &op;
-  call.mode = call::Mode::kCopyResults;
-  call.traits = &op_traits(op);
-  call.args = args;
-  call.results = defined;
-  call.result_slots = slots;
-  call.threads = kernel_thread_cap(elements);
-  call.forward_warnings = host_kernels_supported();  // see OpenRegCallFormat.h
-  thread_local std::vector<uint8_t> bytes;
-  if (!encode_call(call, bytes)) {
-    return false;
-  }
-  if (!defined.empty()) {
-    stats::count_op(stats::kCopied, op_name.c_str());
-  }
-  launch_function(device, op_name, named_kernel(NamedKernel::kBoxedCall),
-                  bytes.data(), bytes.size(), elements);
-  return true;
-}
 
 }  // namespace openreg

@@ -63,21 +63,6 @@ void launch_function(c10::DeviceIndex device, const std::string& op,
                      orFunction_t function, const void* params, size_t bytes,
                      int64_t elements = -1);
 
-// launch_boxed_call() queues `op(args)` as a serialized boxed call (the
-// kernel library's openreg_boxed_call, kernels/OpenRegCallFormat.h): the
-// device runs PyTorch's CPU kernel of `op` on its own mapping of the device
-// tensors among `args`, then copies return i into results[i] (a device
-// tensor the host allocated with that return's sizes and dtype; an
-// undefined one drops the return). It is how openreg's own kernels that are
-// a CPU operator on the device's memory (attention, convolution, copies)
-// run on a device that runs named kernels only. Returns false, launching
-// nothing, when the call has what the format cannot carry. `op_name` and
-// `elements` as for launch_function.
-bool launch_boxed_call(c10::DeviceIndex device, const std::string& op_name,
-                       const c10::OperatorHandle& op,
-                       c10::ArrayRef<c10::IValue> args,
-                       c10::ArrayRef<at::Tensor> results, int64_t elements);
-
 // The most threads a kernel whose largest tensor argument has `elements`
 // elements (-1: unknown) may use (see "worker-threads" in OpenRegLaunch.cpp).
 int kernel_thread_cap(int64_t elements);

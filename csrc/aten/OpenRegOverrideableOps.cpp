@@ -20,6 +20,7 @@
 #include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
 #include "aten/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
+#include "aten/fallback/OpenRegCallEncoder.h"
 
 namespace openreg {
 

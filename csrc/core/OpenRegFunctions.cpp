@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "core/OpenRegDeviceAsserts.h"
+#include "core/OpenRegEngine.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegInterrupt.h"
 
@@ -75,6 +76,11 @@ void lazy_init() {
     if (probe == orErrorNotSupported) {
       g_host_kernels.store(false, std::memory_order_release);
       probe = orSuccess;
+    }
+    if (!engine().present) {
+      // No engine in this build (core/OpenRegEngine.h): nothing runs host
+      // code on device memory, whichever driver runs the devices.
+      g_host_kernels.store(false, std::memory_order_release);
     }
     OPENREG_CHECK(probe);
     // Long host waits give way to the user's interrupt (OpenRegInterrupt.h).
@@ -174,13 +180,13 @@ void warn_or_error_on_sync(const char* what) {
   // What the program called, as the user wrote it ("Tensor.__bool__ at
   // train.py:12: `if loss > 0:`"), when the Python module can tell.
   std::string caller;
-  if (std::string (*hook)() = g_sync_caller.load(std::memory_order_acquire)) {
+  if (std::string(*hook)() = g_sync_caller.load(std::memory_order_acquire)) {
     caller = hook();
   }
   const std::string where = caller.empty() ? "" : " from " + caller;
   if (mode == 2) {
-    TORCH_CHECK(false, "called a synchronizing openreg operation (", what,
-                ")", where, " with sync debug mode 2 (error)");
+    TORCH_CHECK(false, "called a synchronizing openreg operation (", what, ")",
+                where, " with sync debug mode 2 (error)");
   }
   TORCH_WARN("called a synchronizing openreg operation (", what, ")", where);
 }

@@ -48,7 +48,8 @@ bool is_in_bad_fork() noexcept;
 // the device as a serialized boxed call, a synchronous one stages its tensors
 // through host memory (aten/OpenRegKernelView.h), and kernels not yet ported
 // to named kernels raise NotImplementedError (docs/process-driver.md).
-// Known once the runtime is initialised (lazy_init).
+// Known once the runtime is initialised (lazy_init). False too in a build
+// without an engine (core/OpenRegEngine.h), with either driver.
 bool host_kernels_supported() noexcept;
 // [/doc:host-kernels]
 

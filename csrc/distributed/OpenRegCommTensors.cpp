@@ -5,7 +5,7 @@
 
 #include <utility>
 
-#include "aten/OpenRegKernelView.h"
+#include "core/OpenRegEngine.h"
 #include "core/OpenRegFunctions.h"
 
 namespace openreg::distributed {
@@ -49,7 +49,9 @@ at::Tensor gloo_alias(const at::Tensor& t) {
     return stage(t);
   }
   const c10::Storage& storage = t.storage();
-  void* base = kernel_base(storage);
+  TORCH_INTERNAL_ASSERT(engine().kernel_base != nullptr,
+                        "host kernels without an engine");
+  void* base = engine().kernel_base(storage);
   auto* keep = new c10::Storage(storage);
   c10::DataPtr data(
       base, keep, [](void* ctx) { delete static_cast<c10::Storage*>(ctx); },

@@ -12,6 +12,7 @@
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegStream.h"
 #include "inductor/OpenRegCompiledKernel.h"
+#include "python/OpenRegAddedBindings.h"
 
 namespace py = pybind11;
 
@@ -151,5 +152,9 @@ void init_python_bindings(py::module_& m) {
       },
       py::arg("device"));
 }
+
+namespace {
+[[maybe_unused]] const bool added = add_bindings(&init_python_bindings);
+}  // namespace
 
 }  // namespace openreg::inductor

@@ -15,10 +15,10 @@
 #include <memory>
 #include <mutex>
 
+#include "core/OpenRegEngine.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
-#include "core/OpenRegNamedKernels.h"
 #include "core/OpenRegStream.h"
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegDeviceCache.h"
@@ -127,11 +127,9 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
     }
     for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
       cache(d).empty_cache();
-      // The kernel library's workspace (kernels/OpenRegWorkspace.h), freed
-      // in stream order on the device; a lost device has none left to free.
-      (void)orLaunchFunction(getCurrentStream(d).native(),
-                             named_kernel(NamedKernel::kReleaseWorkspace),
-                             nullptr, 0, nullptr);
+      if (engine().empty_cache != nullptr) {
+        engine().empty_cache(d);  // the engine's workspace on the device
+      }
     }
     release_kernel_scratch();  // the host's, for the kernels it waits for
   }

@@ -16,9 +16,8 @@
 #include <vector>
 
 #include "aten/OpenRegLaunch.h"
-#include "aten/fallback/OpenRegDescribedCall.h"
-#include "aten/fallback/OpenRegFallback.h"
 #include "aten/fallback/OpenRegFallbackLog.h"
+#include "core/OpenRegEngine.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
@@ -28,10 +27,10 @@
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
 #include "distributed/OpenRegProcessGroup.h"
-#include "inductor/OpenRegInductorPython.h"
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegIpc.h"
 #include "memory/OpenRegKernelScratch.h"
+#include "python/OpenRegAddedBindings.h"
 #include "python/OpenRegMemoryHistory.h"
 #include "random/OpenRegGenerator.h"
 #include "serialization/OpenRegBackendMeta.h"
@@ -376,10 +375,10 @@ PYBIND11_MODULE(_C, m) {
   interrupt_hooks.is_interrupt = &python_is_interrupt;
   set_interrupt_hooks(interrupt_hooks);
   set_sync_caller_hook(&python_sync_caller);
-  static const int routed = route_generic_ops_to_fallback();
-  m.attr("_generic_ops_routed") = routed;
-  static const int layout_routed = route_layout_ops_to_fallback();
-  m.attr("_layout_ops_routed") = layout_routed;
+  // The engine's routes, after every static registration.
+  static const int routed =
+      engine().route_ops != nullptr ? engine().route_ops() : 0;
+  m.attr("_ops_routed") = routed;
 
   py::class_<DeviceProperties>(m, "_OpenRegDeviceProperties")
       .def_readonly("name", &DeviceProperties::name)
@@ -426,8 +425,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_tensor_tag", &set_tensor_tag, py::arg("tensor"), py::arg("name"),
         py::arg("value"));
   m.def("_fallback_ops", &fallback_ops);
-  m.def("_load_library", &load_operator_library, py::arg("path"),
-        py::call_guard<py::gil_scoped_release>());
   m.def("_set_fallback_warnings", &set_fallback_warnings, py::arg("enabled"));
   m.def("_set_sync_trace", &set_trace_callback, py::arg("callback"));
   m.def("_set_memory_fraction", &set_memory_fraction, py::arg("fraction"),
@@ -571,6 +568,6 @@ PYBIND11_MODULE(_C, m) {
             THPGenerator_initDefaultGenerator(default_generator(device)));
       },
       py::arg("device"));
-  inductor::init_python_bindings(m);
+  init_added_bindings(m);  // the engine's (python/OpenRegAddedBindings.h)
   init_memory_history_bindings(m);
 }

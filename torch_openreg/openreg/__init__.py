@@ -101,7 +101,8 @@ def load_library(path: str | os.PathLike) -> None:
     ``torch.ops.load_library``."""
     path = os.path.realpath(os.fspath(path))
     torch.ops.load_library(path)
-    _C._load_library(path)
+    if hasattr(_C, "_load_library"):  # a build with the simulator's engine
+        _C._load_library(path)
 
 
 def _launch_stats() -> dict:

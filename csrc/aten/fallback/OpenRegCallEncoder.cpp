@@ -13,8 +13,12 @@
 #include <string>
 #include <type_traits>
 
+#include "aten/OpenRegLaunch.h"
 #include "aten/fallback/OpenRegIValue.h"
 #include "aten/fallback/OpenRegLaunchPlan.h"
+#include "core/OpenRegFunctions.h"
+#include "core/OpenRegLaunchStats.h"
+#include "core/OpenRegNamedKernels.h"
 
 namespace openreg {
 
@@ -452,6 +456,39 @@ bool encode_call(const CallToEncode& c, std::vector<uint8_t>& out) {
   append(tables.data(), tables.size());
   append(body.data(), body.size());
   TORCH_INTERNAL_ASSERT(p == out.data() + out.size());
+  return true;
+}
+
+bool launch_boxed_call(c10::DeviceIndex device, const std::string& op_name,
+                       const c10::OperatorHandle& op,
+                       c10::ArrayRef<c10::IValue> args,
+                       c10::ArrayRef<at::Tensor> results, int64_t elements) {
+  c10::SmallVector<at::Tensor, 4> defined;
+  c10::SmallVector<std::pair<size_t, int>, 4> slots;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (results[i].defined()) {
+      defined.push_back(results[i]);
+      slots.emplace_back(i, -1);
+    }
+  }
+  CallToEncode call;
+  call.op = &op;
+  call.mode = call::Mode::kCopyResults;
+  call.traits = &op_traits(op);
+  call.args = args;
+  call.results = defined;
+  call.result_slots = slots;
+  call.threads = kernel_thread_cap(elements);
+  call.forward_warnings = host_kernels_supported();  // see OpenRegCallFormat.h
+  thread_local std::vector<uint8_t> bytes;
+  if (!encode_call(call, bytes)) {
+    return false;
+  }
+  if (!defined.empty()) {
+    stats::count_op(stats::kCopied, op_name.c_str());
+  }
+  launch_function(device, op_name, named_kernel(NamedKernel::kBoxedCall),
+                  bytes.data(), bytes.size(), elements);
   return true;
 }
 

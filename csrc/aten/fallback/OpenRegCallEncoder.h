@@ -4,11 +4,14 @@
 // process.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -51,5 +54,20 @@ struct CallToEncode {
 // list of scalars, a symbolic size, a non-strided device tensor) or would
 // exceed OR_MAX_KERNEL_PARAMS bytes (a large CPU tensor argument).
 bool encode_call(const CallToEncode& call, std::vector<uint8_t>& out);
+
+// launch_boxed_call() queues `op(args)` as a serialized boxed call (the
+// kernel library's openreg_boxed_call, kernels/OpenRegCallFormat.h): the
+// device runs PyTorch's CPU kernel of `op` on its own mapping of the device
+// tensors among `args`, then copies return i into results[i] (a device
+// tensor the host allocated with that return's sizes and dtype; an
+// undefined one drops the return). It is how openreg's own kernels that are
+// a CPU operator on the device's memory (attention, convolution, copies)
+// run on a device that runs named kernels only. Returns false, launching
+// nothing, when the call has what the format cannot carry. `op_name` and
+// `elements` as for launch_function.
+bool launch_boxed_call(c10::DeviceIndex device, const std::string& op_name,
+                       const c10::OperatorHandle& op,
+                       c10::ArrayRef<c10::IValue> args,
+                       c10::ArrayRef<at::Tensor> results, int64_t elements);
 
 }  // namespace openreg

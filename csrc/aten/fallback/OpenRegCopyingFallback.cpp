@@ -50,7 +50,7 @@
 #include <vector>
 
 #include "aten/fallback/OpenRegDeterminism.h"
-#include "aten/fallback/OpenRegFallback.h"
+#include "aten/fallback/OpenRegFallbackEntry.h"
 #include "aten/fallback/OpenRegFallbackLog.h"
 #include "aten/fallback/OpenRegIValue.h"
 #include "aten/fallback/OpenRegOpTraits.h"
@@ -357,5 +357,43 @@ void copying_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 // [/doc:copying-fallback]
+
+// [doc:copy-through-host]
+void copy_through_host(const at::Tensor& src, const at::Tensor& dst) {
+  const auto on_device = [](const at::Tensor& t) {
+    return t.device().type() == c10::DeviceType::PrivateUse1;
+  };
+  std::optional<OpenRegStream> dst_stream;
+  std::optional<HostStorages> dst_host;
+  at::Tensor host_dst = dst;
+  if (on_device(dst)) {
+    dst_stream.emplace(getCurrentStream(dst.device().index()));
+    dst_host.emplace(dst.device(), *dst_stream);
+    host_dst = dst_host->host_tensor(dst);
+    dst_host->mark_written(dst);
+  }
+  // The source's host copy: the destination's when they share a device (an
+  // overlap is then the CPU's to refuse), its own device's otherwise.
+  std::optional<OpenRegStream> src_stream;
+  std::optional<HostStorages> src_host;
+  at::Tensor host_src = src;
+  if (on_device(src)) {
+    if (dst_host && src.device() == dst.device()) {
+      host_src = dst_host->host_tensor(src);
+    } else {
+      src_stream.emplace(getCurrentStream(src.device().index()));
+      src_host.emplace(src.device(), *src_stream);
+      host_src = src_host->host_tensor(src);
+    }
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    host_dst.copy_(host_src);
+  }
+  if (dst_host) {
+    dst_host->write_back();
+  }
+}
+// [/doc:copy-through-host]
 
 }  // namespace openreg

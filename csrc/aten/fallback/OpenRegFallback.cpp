@@ -65,62 +65,6 @@
 
 namespace openreg {
 
-c10::Device find_device(const OpTraits& traits,
-                        c10::ArrayRef<c10::IValue> args) {
-  std::optional<c10::Device> device;
-  std::optional<c10::Device> other;
-  for (const c10::IValue& v : args) {
-    for_each_tensor(v, [&](const at::Tensor& t) {
-      if (!t.defined()) {
-        return;
-      }
-      if (is_openreg(t)) {
-        if (!device) {
-          device = t.device();
-        } else {
-          TORCH_CHECK(*device == t.device(),
-                      "Expected all tensors to be on the same device, but "
-                      "found at least two devices, ",
-                      *device, " and ", t.device(),
-                      "! (when checking arguments for ", traits.display_name,
-                      ")");
-        }
-      } else if (t.device().is_cpu()) {
-        if (t.dim() != 0 && !other) {
-          other = t.device();  // CPU scalars (0-dim) are allowed, as on CUDA
-        }
-      } else if (!other) {
-        other = t.device();
-      }
-    });
-  }
-  if (device && (traits.policy & kAcceptsCpuTensors) != 0 &&
-      args.front().isTensor() && args.front().toTensor().defined()) {
-    // Indices may stay on the CPU, the indexed tensor may not.
-    const at::Tensor& self = args.front().toTensor();
-    TORCH_CHECK(is_openreg(self),
-                "indices should be either on cpu or on the same device "
-                "as the indexed tensor (",
-                self.device(), ")");
-  }
-  if (device) {
-    TORCH_CHECK(!other || (other->is_cpu() &&
-                           (traits.policy & kAcceptsCpuTensors) != 0),
-                "Expected all tensors to be on the same device, but found at "
-                "least two devices, ",
-                *device, " and ", *other, "! (when checking arguments for ",
-                traits.display_name, ")");
-    return *device;
-  }
-  for (const c10::IValue& v : args) {
-    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
-      return v.toDevice();
-    }
-  }
-  TORCH_CHECK(false, "openreg fallback for ", traits.display_name,
-              " found no openreg tensor or device among its arguments");
-}
-
 namespace {
 
 // True when the call's tensors live on more than one device (CPU scalars
@@ -534,24 +478,19 @@ void fallback_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   run_synchronously(op, traits, stack, device, std::move(decision));
 }
 
-void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  fallback_call(op, stack, nullptr);
-}
 // [/doc:fallback-dispatch]
 
 }  // namespace
+
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  fallback_call(op, stack, nullptr);
+}
 
 void fallback_borrowed(const c10::OperatorHandle& op, BorrowedStack& stack) {
   // Only fallback_call() receives the stack as a vector, and it owns it
   // before anything that would change a borrowed entry.
   fallback_call(op, const_cast<torch::jit::Stack*>(&stack.stack()), &stack);
 }
-
-// [doc:fallback-register]
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
-}
-// [/doc:fallback-register]
 
 // [doc:fallback-forced]
 // The operators of the policy table marked kRouteToFallback: PyTorch has a

@@ -7,16 +7,21 @@
 #include <c10/core/Device.h>
 #include <torch/library.h>
 
+#include "aten/fallback/OpenRegFallbackEntry.h"
 #include "aten/fallback/OpenRegOpTraits.h"
 
 namespace openreg {
 
-// The device an operator call runs on (its first openreg tensor, or an
-// openreg Device argument); raises CUDA's error when its tensors are on
-// several devices (CPU scalars aside, and CPU indices where the policy
-// table allows them).
-c10::Device find_device(const OpTraits& traits,
-                        c10::ArrayRef<c10::IValue> args);
+// The engine's fallback (OpenRegFallback.cpp): the CPU kernel on the device
+// memory, queued once its signature is learnt (engine().fallback).
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Registers the fallback for the operators whose generic kernel would
+// otherwise serve openreg (the functional and in-place variants of
+// structured operators, the _foreach_ loops) and that have no openreg kernel
+// (OpenRegFallback.cpp); called once when the Python module loads. Returns
+// how many it routed.
+int route_generic_ops_to_fallback();
 
 class BorrowedStack;
 

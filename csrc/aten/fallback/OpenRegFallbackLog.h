@@ -18,11 +18,4 @@ void note_fallback(const c10::OperatorHandle& op, const std::string& name);
 std::vector<std::string> fallback_ops();
 void set_fallback_warnings(bool enabled);
 
-// Registers the fallback for the operators whose generic kernel would
-// otherwise serve openreg (the functional and in-place variants of
-// structured operators, the _foreach_ loops) and that have no openreg kernel
-// (OpenRegFallback.cpp); called once when the Python module loads. Returns
-// how many it routed.
-int route_generic_ops_to_fallback();
-
 }  // namespace openreg

@@ -1,0 +1,68 @@
+// SIMULATOR ONLY. What the simulator's engine adds to the integration
+// (core/OpenRegEngine.h), set when the extension loads: this file is the
+// whole list. A port deletes csrc/engine/ and gets, for each hook, the
+// behaviour of a device whose memory the host cannot map.
+#include <c10/util/FunctionRef.h>
+#include <openreg.h>
+#include <pybind11/pybind11.h>
+
+#include "aten/OpenRegKernelView.h"
+#include "aten/OpenRegViewCopy.h"
+#include "aten/fallback/OpenRegDescribedCall.h"
+#include "aten/fallback/OpenRegFallback.h"
+#include "core/OpenRegEngine.h"
+#include "core/OpenRegNamedKernels.h"
+#include "core/OpenRegStream.h"
+#include "python/OpenRegAddedBindings.h"
+
+namespace openreg {
+
+namespace {
+
+int route_ops() {
+  return route_generic_ops_to_fallback() + route_layout_ops_to_fallback();
+}
+
+// Host kernels on a driver of named kernels: the device memory their kernel
+// views touch is staged through host memory, and what changed is copied
+// back ("staged-kernels" in aten/OpenRegKernelView.h).
+void run_staged(c10::function_ref<void()> kernel) {
+  StagedKernelScope staged;
+  kernel();
+  staged.write_back_changed();
+}
+
+// The kernel library's workspace (kernels/OpenRegWorkspace.h), freed in
+// stream order on the device; a lost device has none left to free.
+void empty_cache(c10::DeviceIndex device) {
+  (void)orLaunchFunction(getCurrentStream(device).native(),
+                         named_kernel(NamedKernel::kReleaseWorkspace), nullptr,
+                         0, nullptr);
+}
+
+// torch.openreg.load_library(path): the operator library loaded into every
+// device too, so that a device of its own process runs its operators.
+void init_python(pybind11::module_& m) {
+  m.def("_load_library", &load_operator_library, pybind11::arg("path"),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+}
+
+// [doc:engine-hooks]
+struct Install {
+  Install() {
+    Engine& e = engine();
+    e.present = true;
+    e.fallback = &fallback;
+    e.route_ops = &route_ops;
+    e.copy = &view_copy;
+    e.run_staged = &run_staged;
+    e.kernel_base = &kernel_base;
+    e.empty_cache = &empty_cache;
+  }
+} const install;
+[[maybe_unused]] const bool python = add_bindings(&init_python);
+// [/doc:engine-hooks]
+
+}  // namespace
+
+}  // namespace openreg
