@@ -1,4 +1,4 @@
-"""The example custom operator openreg::scaled_abs (csrc/aten/OpenRegCustomOps.cpp):
+"""The example custom operator openreg::scaled_abs (csrc/engine/ops/OpenRegCustomOps.cpp):
 CPU and openreg kernels, autograd, and a Meta kernel for torch.compile."""
 
 import torch

@@ -240,7 +240,7 @@ def test_queued_kernels_reuse_the_device_workspace():
     # copy into the device tensor, oneDNN's scratchpad) come from the
     # library's workspace, reused from call to call where the device's memory
     # lives: 2000-2400 page faults per call without it, about 80 with it
-    # (kernels/OpenRegWorkspace.h). The host's own cache (next test) stays
+    # (engine/kernels/OpenRegWorkspace.h). The host's own cache (next test) stays
     # unused.
     from torch_openreg import _C
 

@@ -16,9 +16,13 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 YAML = ROOT / "csrc" / "openreg_native_functions.yaml"
+ENGINE_YAML = ROOT / "csrc" / "engine" / "engine_native_functions.yaml"
 GENERATOR = ROOT / "csrc" / "codegen" / "gen_registrations.py"
 CHECK = ROOT / "csrc" / "codegen" / "check_kernels.cmake"
+# What the build registers: the integration's list and the engine's.
 SPEC = yaml.safe_load(YAML.read_text())
+for _key, _ops in yaml.safe_load(ENGINE_YAML.read_text()).items():
+    SPEC[_key] = SPEC.get(_key, []) + _ops
 
 
 def registration(op, key):

@@ -870,7 +870,7 @@ def test_structured_ops_queued_match_cpu(name):
 
 
 # The structured operators reach the fallback through unboxed entries
-# (csrc/aten/fallback/OpenRegUnboxedEntry.cpp) whose stack borrows the tensor
+# (csrc/engine/fallback/OpenRegUnboxedEntry.cpp) whose stack borrows the tensor
 # arguments instead of counting references to them. Every path (the first,
 # synchronous call of a signature, the queued calls, an error at the call)
 # must leave the arguments' reference counts as they were and give the CPU's

@@ -2,7 +2,7 @@
 
 - When a call with out= raises, the CPU (and CUDA's structured kernels) have
   resized `out` already, in the kernel's meta step: openreg leaves it in the
-  same state (csrc/aten/fallback/OpenRegOutResize.h).
+  same state (csrc/engine/fallback/OpenRegOutResize.h).
 - A factory that cannot fit on the device raises torch.OutOfMemoryError
   before the host computes anything: the device allocation comes first, as
   a CUDA operator allocates its outputs before its kernel runs, so the

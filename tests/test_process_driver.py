@@ -509,7 +509,7 @@ print(json.dumps(out))
 
 
 def test_dropout_is_a_named_kernel_with_the_thread_drivers_bits(py):
-    # The same device-side function (kernels/OpenRegDropout.cpp) from a host
+    # The same device-side function (engine/kernels/OpenRegDropout.cpp) from a host
     # closure and from the kernel library: the same draws, the same bits.
     thread = last_json(py(DROPOUT_BITS, OPENREG_FALLBACK_WARNINGS="0"))
     process = last_json(py(DROPOUT_BITS, **PROCESS))

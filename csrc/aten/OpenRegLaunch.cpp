@@ -44,7 +44,6 @@
 #include "core/OpenRegNamedKernels.h"
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
-#include "memory/OpenRegKernelScratch.h"
 #include "profiler/OpenRegProfiler.h"
 
 namespace openreg {
@@ -185,12 +184,31 @@ class DeferWarnings : public c10::WarningHandler {
   orStream_t stream_;
 };
 
+// The engine's scope around a host kernel (its workspace for the CPU
+// kernels inside, core/OpenRegEngine.h); nothing without an engine.
+class HostKernelScope {
+ public:
+  HostKernelScope()
+      : previous_(engine().enter_host_kernel != nullptr &&
+                  engine().enter_host_kernel()) {}
+  ~HostKernelScope() {
+    if (engine().leave_host_kernel != nullptr) {
+      engine().leave_host_kernel(previous_);
+    }
+  }
+  HostKernelScope(const HostKernelScope&) = delete;
+  HostKernelScope& operator=(const HostKernelScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 int run_task(void* data) {
   auto* task = static_cast<KernelTask*>(data);
   int status = 1;
   {
     const WorkerScope on_worker(task->stream);
-    const KernelScratchScope scratch;
+    const HostKernelScope engine_scope;
     const WorkerThreads threads(task->threads);
     DeferWarnings defer(task->stream);
     const c10::WarningUtils::WarningHandlerGuard guard(&defer);
@@ -234,7 +252,7 @@ int run_sync_call(void* data) {
   auto* call = static_cast<SyncCall*>(data);
   {
     const WorkerScope on_worker(call->stream);
-    const KernelScratchScope scratch;
+    const HostKernelScope engine_scope;
     const WorkerThreads threads(call->threads);
     const at::ThreadLocalStateGuard state(call->state);
     const c10::WarningUtils::WarningHandlerGuard warnings(call->warnings);

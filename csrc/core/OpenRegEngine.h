@@ -50,6 +50,11 @@ struct Engine {
   void* (*kernel_base)(const c10::Storage& storage) = nullptr;
   // torch.openreg.empty_cache() on `device`: frees the engine's workspace.
   void (*empty_cache)(c10::DeviceIndex device) = nullptr;
+  // Around every host kernel a stream worker runs (aten/OpenRegLaunch.cpp):
+  // the engine gives the CPU kernels inside it its workspace. enter returns
+  // the state leave restores.
+  bool (*enter_host_kernel)() = nullptr;
+  void (*leave_host_kernel)(bool previous) = nullptr;
 };
 
 // The hooks of this build (filled by the engine's static initializers).

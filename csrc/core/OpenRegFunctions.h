@@ -46,7 +46,7 @@ bool is_in_bad_fork() noexcept;
 // devices run in their own processes (OPENREG_DRIVER=process), which runs
 // named kernels only (orLaunchFunction): then a queued fallback call goes to
 // the device as a serialized boxed call, a synchronous one stages its tensors
-// through host memory (aten/OpenRegKernelView.h), and kernels not yet ported
+// through host memory (engine/OpenRegKernelView.h), and kernels not yet ported
 // to named kernels raise NotImplementedError (docs/process-driver.md).
 // Known once the runtime is initialised (lazy_init). False too in a build
 // without an engine (core/OpenRegEngine.h), with either driver.

@@ -23,7 +23,6 @@
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegDeviceCache.h"
 #include "memory/OpenRegIpc.h"
-#include "memory/OpenRegKernelScratch.h"
 #include "memory/OpenRegMemcpy.h"
 
 namespace openreg {
@@ -131,7 +130,6 @@ class OpenRegCachingAllocator final : public c10::DeviceAllocator {
         engine().empty_cache(d);  // the engine's workspace on the device
       }
     }
-    release_kernel_scratch();  // the host's, for the kernels it waits for
   }
 
   // [doc:allocator-record-stream]

@@ -450,8 +450,7 @@ void DeviceCache::raise_oom(size_t orig_size) {
       format_size(reserved() - allocated),
       " is reserved by PyTorch but unallocated.", limit.str(),
       growth_.report(
-          total,
-          static_cast<size_t>(stats_.allocated_bytes[kAggregate].peak),
+          total, static_cast<size_t>(stats_.allocated_bytes[kAggregate].peak),
           [](size_t n) { return format_size(n); }),
       " Set OPENREG_DEVICE_MEMORY to simulate a larger device.");
 }

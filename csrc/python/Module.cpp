@@ -29,7 +29,6 @@
 #include "distributed/OpenRegProcessGroup.h"
 #include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegIpc.h"
-#include "memory/OpenRegKernelScratch.h"
 #include "python/OpenRegAddedBindings.h"
 #include "python/OpenRegMemoryHistory.h"
 #include "random/OpenRegGenerator.h"
@@ -457,9 +456,6 @@ PYBIND11_MODULE(_C, m) {
       },
       "How operators ran since the last reset (core/OpenRegLaunchStats.h).");
   m.def("_reset_launch_stats", &stats::reset);
-  m.def("_kernel_scratch_cached_bytes", &kernel_scratch_cached_bytes,
-        "Host bytes the device kernels' workspace cache holds for reuse "
-        "(SIMULATOR ONLY; torch.openreg.empty_cache() frees them).");
   m.def("_host_empty_cache", [] { host_allocator()->empty_cache(); });
   m.def("_host_reset_peak_stats", [] { host_allocator()->reset_peak_stats(); });
   m.def("_host_reset_accumulated_stats",
