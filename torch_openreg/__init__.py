@@ -46,7 +46,6 @@ from torch_openreg import (  # noqa: E402  (after the check of the torch it need
     _C,  # noqa: F401  (loading it registers the C++ side)
     _post_import,
 )
-from torch_openreg import compile as _compile  # noqa: E402
 from torch_openreg import distributed as _distributed  # noqa: E402
 from torch_openreg import ipc as _ipc  # noqa: E402
 from torch_openreg import openreg as _device_module  # noqa: E402
@@ -167,7 +166,13 @@ _fix_dlpack_device()
 _check_dlpack_imports()
 _distributed._register()
 _ipc._register()
-_compile.install()
+# torch.compile's Inductor backend for the device: its C++ kernels run on the
+# device memory through the simulator's engine (csrc/engine/inductor/); a
+# build without the engine keeps torch.compile's defaults for the device.
+if hasattr(_C, "_CompiledKernel"):
+    from torch_openreg import compile as _compile
+
+    _compile.install()
 
 
 def _drain_at_exit() -> None:

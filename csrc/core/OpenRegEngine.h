@@ -22,6 +22,7 @@
 #include <ATen/core/stack.h>
 #include <c10/core/Storage.h>
 #include <c10/util/FunctionRef.h>
+#include <torch/library.h>
 
 namespace openreg {
 
@@ -32,10 +33,14 @@ struct Engine {
   // The boxed fallback of every operator without a kernel.
   void (*fallback)(const c10::OperatorHandle& op,
                    torch::jit::Stack* stack) = nullptr;
-  // Registers the engine's routes when the Python module loads (operators
-  // whose generic kernel would otherwise serve the backend); returns how
-  // many operators it routed.
+  // Registers the engine's routes when the Python module loads (the
+  // operators of the sparse and nested layouts); returns how many
+  // operators it routed.
   int (*route_ops)() = nullptr;
+  // An unboxed kernel for a routed operator `op` in `library` (its tensor
+  // arguments borrowed, not boxed), or false to route the boxed entry.
+  bool (*register_unboxed)(torch::Library& library, const char* name,
+                           const c10::OperatorHandle& op) = nullptr;
   // _copy_from's case that is more than bytes (dtype conversion, strides,
   // broadcasting, overlapping storages) on `device`. `queue`: a same-device
   // copy that may be queued on the stream without the host waiting. Returns

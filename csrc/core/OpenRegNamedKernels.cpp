@@ -41,8 +41,15 @@ const Library& library() {
                 path, "': ", orGetErrorString(err),
                 " (set OPENREG_KERNELS_LIBRARY to its path)");
     for (size_t i = 0; i < kSymbols.size(); ++i) {
-      OPENREG_CHECK(
-          orModuleGetFunction(&l.functions[i], l.module, kSymbols[i]));
+      // A kernel the library lacks (the engine's, in a build without it)
+      // stays null: named_kernel() refuses it by name.
+      const orError_t found =
+          orModuleGetFunction(&l.functions[i], l.module, kSymbols[i]);
+      if (found == orErrorSymbolNotFound) {
+        l.functions[i] = nullptr;
+      } else {
+        OPENREG_CHECK(found);
+      }
     }
     return l;
   }();
@@ -68,7 +75,12 @@ std::string kernel_library_path() {
 }
 
 orFunction_t named_kernel(NamedKernel kernel) {
-  return library().functions[static_cast<size_t>(kernel)];
+  const auto i = static_cast<size_t>(kernel);
+  const orFunction_t f = library().functions[i];
+  TORCH_CHECK(f != nullptr, "openreg: the kernel library '",
+              kernel_library_path(), "' has no kernel ", kSymbols[i],
+              " (a kernel of the simulator's engine, absent from this build)");
+  return f;
 }
 
 }  // namespace openreg

@@ -6,13 +6,13 @@
 #include <openreg.h>
 #include <pybind11/pybind11.h>
 
+#include "core/OpenRegEngine.h"
+#include "core/OpenRegNamedKernels.h"
+#include "core/OpenRegStream.h"
 #include "engine/OpenRegKernelView.h"
 #include "engine/OpenRegViewCopy.h"
 #include "engine/fallback/OpenRegDescribedCall.h"
 #include "engine/fallback/OpenRegFallback.h"
-#include "core/OpenRegEngine.h"
-#include "core/OpenRegNamedKernels.h"
-#include "core/OpenRegStream.h"
 #include "engine/memory/OpenRegKernelScratch.h"
 #include "python/OpenRegAddedBindings.h"
 
@@ -20,8 +20,9 @@ namespace openreg {
 
 namespace {
 
-int route_ops() {
-  return route_generic_ops_to_fallback() + route_layout_ops_to_fallback();
+bool register_unboxed(torch::Library& library, const char* name,
+                      const c10::OperatorHandle& op) {
+  return unboxed_entries_enabled() && register_unboxed_entry(library, name, op);
 }
 
 // Host kernels on a driver of named kernels: the device memory their kernel
@@ -61,7 +62,8 @@ struct Install {
     Engine& e = engine();
     e.present = true;
     e.fallback = &fallback;
-    e.route_ops = &route_ops;
+    e.route_ops = &route_layout_ops_to_fallback;
+    e.register_unboxed = &register_unboxed;
     e.copy = &view_copy;
     e.run_staged = &run_staged;
     e.kernel_base = &kernel_base;

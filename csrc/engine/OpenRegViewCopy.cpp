@@ -4,8 +4,8 @@
 
 #include <array>
 
-#include "engine/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
+#include "engine/OpenRegKernelView.h"
 #include "engine/fallback/OpenRegCallEncoder.h"
 
 namespace openreg {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "aten/OpenRegLaunch.h"
+#include "aten/fallback/OpenRegFallbackEntry.h"
 #include "aten/fallback/OpenRegFallbackLog.h"
 #include "core/OpenRegEngine.h"
 #include "core/OpenRegException.h"
@@ -375,8 +376,7 @@ PYBIND11_MODULE(_C, m) {
   set_interrupt_hooks(interrupt_hooks);
   set_sync_caller_hook(&python_sync_caller);
   // The engine's routes, after every static registration.
-  static const int routed =
-      engine().route_ops != nullptr ? engine().route_ops() : 0;
+  static const int routed = route_ops();
   m.attr("_ops_routed") = routed;
 
   py::class_<DeviceProperties>(m, "_OpenRegDeviceProperties")

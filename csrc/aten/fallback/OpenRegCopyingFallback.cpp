@@ -91,8 +91,9 @@ class HostStorages {
   at::Tensor host_tensor(const at::Tensor& t) {
     TORCH_CHECK_NOT_IMPLEMENTED(
         t.layout() == c10::kStrided && !t.is_nested(),
-        "the copying fallback runs strided tensors only, got one of layout ",
-        t.layout());
+        "the copying fallback runs strided tensors only, got a ",
+        t.is_nested() ? "nested tensor" : "tensor of layout ",
+        t.is_nested() ? "" : c10::str(t.layout()));
     TORCH_CHECK(t.device() == device_,
                 "Expected all tensors to be on the same device, but found at "
                 "least two devices, ",
@@ -171,8 +172,9 @@ class HostStorages {
     TORCH_CHECK_NOT_IMPLEMENTED(
         h.layout() == c10::kStrided && !h.is_nested(),
         "the copying fallback returns strided tensors only, the CPU kernel "
-        "returned one of layout ",
-        h.layout());
+        "returned a ",
+        h.is_nested() ? "nested tensor" : "tensor of layout ",
+        h.is_nested() ? "" : c10::str(h.layout()));
     const at::Tensor dense =
         h.is_non_overlapping_and_dense() ? h : h.contiguous();
     at::Tensor d = at::empty_strided(dense.sizes(), dense.strides(),
@@ -240,6 +242,14 @@ void copying_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       "it has no CPU kernel either.");
   const size_t num_args = traits.writes.size();
   const size_t first = stack->size() - num_args;
+  if (traits.foreach_loop &&
+      spans_devices(torch::jit::last(*stack, num_args))) {
+    // A _foreach_ list over several devices: the generic loop, one operator
+    // per tensor (each reaches this fallback on its own device), as CUDA's
+    // foreach kernels do when they cannot launch a list at once.
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    return;
+  }
   const c10::Device device =
       find_device(traits, torch::jit::last(*stack, num_args));
   const c10::DeviceGuard guard(device);

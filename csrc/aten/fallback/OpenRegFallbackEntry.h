@@ -16,4 +16,19 @@ namespace openreg {
 c10::Device find_device(const OpTraits& traits,
                         c10::ArrayRef<c10::IValue> args);
 
+// True when the call's tensors live on more than one device (CPU scalars
+// aside): a _foreach_ list over several devices runs one operator per
+// tensor.
+bool spans_devices(c10::ArrayRef<c10::IValue> args);
+
+// Registers, when the Python module loads (after every static
+// registration), the fallback for the operators whose generic kernel would
+// otherwise serve openreg (OpenRegFallbackEntry.cpp), then the engine's
+// routes or, without an engine, the refusal of other layouts. Returns how
+// many operators it routed.
+int route_ops();
+
+// Registers the refusal of sparse and nested tensors (no engine).
+void refuse_other_layouts();
+
 }  // namespace openreg

@@ -15,10 +15,10 @@
 
 #include "aten/OpenRegLaunch.h"
 #include "aten/fallback/OpenRegIValue.h"
-#include "engine/fallback/OpenRegLaunchPlan.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegLaunchStats.h"
 #include "core/OpenRegNamedKernels.h"
+#include "engine/fallback/OpenRegLaunchPlan.h"
 
 namespace openreg {
 

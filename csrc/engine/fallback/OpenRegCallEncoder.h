@@ -1,7 +1,7 @@
-// The host's half of a serialized boxed call (engine/kernels/OpenRegCallFormat.h):
-// a queued fallback call written to bytes, so that the device runs it from
-// bytes alone (engine/kernels/OpenRegBoxedCall.h), in this process or in a device
-// process.
+// The host's half of a serialized boxed call
+// (engine/kernels/OpenRegCallFormat.h): a queued fallback call written to
+// bytes, so that the device runs it from bytes alone
+// (engine/kernels/OpenRegBoxedCall.h), in this process or in a device process.
 #pragma once
 
 #include <ATen/core/Tensor.h>

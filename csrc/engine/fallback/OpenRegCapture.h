@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/OpenRegKernelView.h"
 #include "aten/fallback/OpenRegOpTraits.h"
+#include "engine/OpenRegKernelView.h"
 
 namespace openreg {
 

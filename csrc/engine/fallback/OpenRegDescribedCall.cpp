@@ -22,10 +22,6 @@
 #include <vector>
 
 #include "aten/OpenRegLaunch.h"
-#include "engine/fallback/OpenRegCallEncoder.h"
-#include "engine/fallback/OpenRegDeviceAssert.h"
-#include "engine/fallback/OpenRegLaunchPlan.h"
-#include "engine/fallback/OpenRegReservedResults.h"
 #include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegInterrupt.h"
@@ -33,6 +29,10 @@
 #include "core/OpenRegNamedKernels.h"
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
+#include "engine/fallback/OpenRegCallEncoder.h"
+#include "engine/fallback/OpenRegDeviceAssert.h"
+#include "engine/fallback/OpenRegLaunchPlan.h"
+#include "engine/fallback/OpenRegReservedResults.h"
 #include "engine/kernels/OpenRegCallFormat.h"
 #include "memory/OpenRegAllocator.h"
 

@@ -23,8 +23,8 @@
 #include <string>
 #include <utility>
 
-#include "engine/fallback/OpenRegLaunchPlan.h"
 #include "aten/fallback/OpenRegOpTraits.h"
+#include "engine/fallback/OpenRegLaunchPlan.h"
 #include "random/OpenRegGenerator.h"
 
 namespace openreg {

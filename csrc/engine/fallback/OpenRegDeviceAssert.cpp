@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "aten/fallback/OpenRegIValue.h"
-#include "engine/fallback/OpenRegLaunchPlan.h"
 #include "core/OpenRegDeviceAsserts.h"
 #include "core/OpenRegFunctions.h"
+#include "engine/fallback/OpenRegLaunchPlan.h"
 #include "kernels/OpenRegDeviceAssertOps.h"
 
 namespace openreg {

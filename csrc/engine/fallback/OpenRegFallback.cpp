@@ -40,52 +40,32 @@
 #include <utility>
 #include <vector>
 
-#include "engine/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
-#include "engine/fallback/OpenRegBorrowedStack.h"
 #include "aten/fallback/OpenRegCopyingFallback.h"
-#include "engine/fallback/OpenRegDescribedCall.h"
 #include "aten/fallback/OpenRegDeterminism.h"
 #include "aten/fallback/OpenRegFallbackLog.h"
 #include "aten/fallback/OpenRegIValue.h"
-#include "engine/fallback/OpenRegLaunchPlan.h"
-#include "engine/fallback/OpenRegLayouts.h"
 #include "aten/fallback/OpenRegOpTraits.h"
-#include "engine/fallback/OpenRegOutResize.h"
-#include "engine/fallback/OpenRegQueuedCall.h"
-#include "engine/fallback/OpenRegReservedResults.h"
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegInterrupt.h"
 #include "core/OpenRegLaunchStats.h"
-#include "memory/OpenRegAllocator.h"
+#include "engine/OpenRegKernelView.h"
+#include "engine/fallback/OpenRegBorrowedStack.h"
+#include "engine/fallback/OpenRegDescribedCall.h"
+#include "engine/fallback/OpenRegLaunchPlan.h"
+#include "engine/fallback/OpenRegLayouts.h"
+#include "engine/fallback/OpenRegOutResize.h"
+#include "engine/fallback/OpenRegQueuedCall.h"
+#include "engine/fallback/OpenRegReservedResults.h"
 #include "engine/memory/OpenRegKernelScratch.h"
+#include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegMemcpy.h"
 #include "random/OpenRegGenerator.h"
 
 namespace openreg {
 
 namespace {
-
-// True when the call's tensors live on more than one device (CPU scalars
-// aside).
-bool spans_devices(c10::ArrayRef<c10::IValue> args) {
-  std::optional<c10::Device> seen;
-  bool spans = false;
-  for (const c10::IValue& v : args) {
-    for_each_tensor(v, [&](const at::Tensor& t) {
-      if (!t.defined() || (t.device().is_cpu() && t.dim() == 0)) {
-        return;
-      }
-      if (!seen) {
-        seen = t.device();
-      } else if (*seen != t.device()) {
-        spans = true;
-      }
-    });
-  }
-  return spans;
-}
 
 // Passes warnings on to the handler that was current, keeping a copy.
 class ForwardingRecorder : public c10::WarningHandler {
@@ -491,77 +471,5 @@ void fallback_borrowed(const c10::OperatorHandle& op, BorrowedStack& stack) {
   // before anything that would change a borrowed entry.
   fallback_call(op, const_cast<torch::jit::Stack*>(&stack.stack()), &stack);
 }
-
-// [doc:fallback-forced]
-// The operators of the policy table marked kRouteToFallback: PyTorch has a
-// generic kernel for them that backends inherit, and the table says why the
-// CPU kernel is better here.
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  for (const OpPolicyRow& row : op_policy_table()) {
-    if ((row.policy & kRouteToFallback) != 0) {
-      const std::string name(row.op.substr(row.op.find("::") + 2));
-      m.impl(name.c_str(),
-             torch::CppFunction::makeFromBoxedFunction<&fallback>());
-    }
-  }
-}
-// [/doc:fallback-forced]
-
-// [doc:fallback-structured]
-// Two kinds of operators have a generic kernel that a backend without its
-// own inherits, and that costs the host more than the fallback:
-//  - structured operators (add, mul, relu, ...) have one kernel per backend
-//    for their out= variant and, for the functional and in-place variants, a
-//    generic one (CompositeExplicitAutogradNonFunctional): it builds a
-//    TensorIterator on the device tensors to compute the result's metadata,
-//    allocates the result, then calls the out= variant, which reaches the
-//    fallback. The launch plan already knows the result's metadata per
-//    signature (the iterator was a third of the host's cost of `x + 1`);
-//  - the _foreach_ operators (the optimizers' updates) have a loop of one
-//    operator per tensor: a launch per tensor where the fallback makes one
-//    for the whole list (AdamW's update of 14 parameters: 140 launches, or
-//    10), as CUDA's fused foreach kernels do.
-// Both are routed to the fallback at module load, after every static
-// registration, when they have a CPU kernel and no openreg kernel (a
-// vendor's own kernel always wins).
-int route_generic_ops_to_fallback() {
-  static torch::Library* library = nullptr;
-  TORCH_INTERNAL_ASSERT(library == nullptr, "routed twice");
-  library =
-      new torch::Library(torch::Library::IMPL, "aten",
-                         c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-  int routed = 0;
-  for (const c10::OperatorName& name :
-       c10::Dispatcher::singleton().getAllOpNames()) {
-    const std::optional<c10::OperatorHandle> op =
-        c10::Dispatcher::singleton().findOp(name);
-    if (!op || name.getNamespace() != std::string_view("aten") ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
-      continue;
-    }
-    const bool structured =
-        op->hasKernelForDispatchKey(
-            c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
-        op->hasKernelForDispatchKey(c10::DispatchKey::CPU);
-    if (!(structured || is_foreach_loop(*op)) ||
-        // index.Tensor: the generic kernel's checks refuse a CPU tensor
-        // indexed with device indices, which the fallback would accept.
-        (op_traits(*op).policy & kAcceptsCpuTensors) != 0) {
-      continue;
-    }
-    std::string short_name = name.name.substr(name.name.find("::") + 2);
-    if (!name.overload_name.empty()) {
-      short_name += "." + name.overload_name;
-    }
-    if (!unboxed_entries_enabled() ||
-        !register_unboxed_entry(*library, short_name.c_str(), *op)) {
-      library->impl(short_name.c_str(),
-                    torch::CppFunction::makeFromBoxedFunction<&fallback>());
-    }
-    ++routed;
-  }
-  return routed;
-}
-// [/doc:fallback-structured]
 
 }  // namespace openreg

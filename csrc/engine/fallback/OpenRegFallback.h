@@ -16,13 +16,6 @@ namespace openreg {
 // memory, queued once its signature is learnt (engine().fallback).
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// Registers the fallback for the operators whose generic kernel would
-// otherwise serve openreg (the functional and in-place variants of
-// structured operators, the _foreach_ loops) and that have no openreg kernel
-// (OpenRegFallback.cpp); called once when the Python module loads. Returns
-// how many it routed.
-int route_generic_ops_to_fallback();
-
 class BorrowedStack;
 
 // The global fallback for a call whose tensor arguments are borrowed

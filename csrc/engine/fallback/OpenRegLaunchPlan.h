@@ -94,8 +94,8 @@ struct LaunchDecision {
 int64_t call_elements(c10::ArrayRef<c10::IValue> args);
 
 // The host's settings a CPU kernel reads (call::settings in
-// engine/kernels/OpenRegCallFormat.h): part of a plan's key, and what a device in
-// a process of its own applies before a call.
+// engine/kernels/OpenRegCallFormat.h): part of a plan's key, and what a device
+// in a process of its own applies before a call.
 int64_t host_settings();
 
 // The results the operator's Meta kernel gives for `args` (each tensor

@@ -42,14 +42,14 @@
 #include <algorithm>
 #include <vector>
 
-#include "engine/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
-#include "engine/fallback/OpenRegFallback.h"
 #include "aten/fallback/OpenRegIValue.h"
-#include "engine/fallback/OpenRegLayouts.h"
 #include "aten/fallback/OpenRegOpTraits.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegStream.h"
+#include "engine/OpenRegKernelView.h"
+#include "engine/fallback/OpenRegFallback.h"
+#include "engine/fallback/OpenRegLayouts.h"
 #include "engine/memory/OpenRegKernelScratch.h"
 
 namespace openreg {

@@ -9,8 +9,8 @@
 #include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors.h>
 
 #include "core/OpenRegStream.h"
-#include "memory/OpenRegAllocator.h"
 #include "engine/memory/OpenRegKernelScratch.h"
+#include "memory/OpenRegAllocator.h"
 #include "memory/OpenRegMemcpy.h"
 
 namespace openreg {

@@ -17,15 +17,15 @@
 #include <utility>
 #include <vector>
 
-#include "engine/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
 #include "aten/OpenRegResize.h"
-#include "engine/fallback/OpenRegCallEncoder.h"
-#include "engine/fallback/OpenRegCapture.h"
 #include "core/OpenRegFreeList.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegLaunchStats.h"
 #include "core/OpenRegNamedKernels.h"
+#include "engine/OpenRegKernelView.h"
+#include "engine/fallback/OpenRegCallEncoder.h"
+#include "engine/fallback/OpenRegCapture.h"
 #include "memory/OpenRegAllocator.h"
 #include "random/OpenRegGenerator.h"
 

@@ -8,14 +8,14 @@
 
 #include <memory>
 
-#include "engine/fallback/OpenRegLaunchPlan.h"
 #include "aten/fallback/OpenRegOpTraits.h"
+#include "engine/fallback/OpenRegLaunchPlan.h"
 
 namespace openreg {
 
 // Whether queued calls go to the device as serialized boxed calls
-// (engine/kernels/OpenRegCallFormat.h), the form a device process runs; otherwise,
-// and for a call the format cannot carry, as captured host objects.
+// (engine/kernels/OpenRegCallFormat.h), the form a device process runs;
+// otherwise, and for a call the format cannot carry, as captured host objects.
 // OPENREG_SERIALIZED_CALLS=0 turns it off (default: on).
 bool serialized_calls();
 

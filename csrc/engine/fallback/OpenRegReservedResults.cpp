@@ -22,15 +22,15 @@ namespace openreg {
 // before it launches its kernel. A result the device cannot hold raises
 // torch.OutOfMemoryError here, and the device has computed nothing. The
 // blocks go to the device with the call: the CPU kernel makes a new storage
-// of exactly a block's size in that block (engine/kernels/OpenRegReservedBlocks.h),
-// so it writes its result straight into device memory, and the answer says
-// which block each new storage is in: no copy after the kernel (before, the
-// device made its results in memory of its own and copied them over, which
-// cost a first run of l1_loss over 2 x 256 MB 8 times the CPU's time). A
-// result in no block (no Meta kernel, sizes that depend on the data) gets
-// its block when the answer gives its size, and is copied. A staged call
-// (OpenRegFallback.cpp) holds the blocks while the host computes its
-// results.
+// of exactly a block's size in that block
+// (engine/kernels/OpenRegReservedBlocks.h), so it writes its result straight
+// into device memory, and the answer says which block each new storage is in:
+// no copy after the kernel (before, the device made its results in memory of
+// its own and copied them over, which cost a first run of l1_loss over 2 x 256
+// MB 8 times the CPU's time). A result in no block (no Meta kernel, sizes that
+// depend on the data) gets its block when the answer gives its size, and is
+// copied. A staged call (OpenRegFallback.cpp) holds the blocks while the host
+// computes its results.
 std::vector<ReservedBlock> reserve_results(const c10::OperatorHandle& op,
                                            const OpTraits& traits,
                                            c10::ArrayRef<c10::IValue> args) {

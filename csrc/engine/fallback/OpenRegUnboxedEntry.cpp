@@ -24,9 +24,9 @@
 #include <string_view>
 #include <utility>
 
+#include "aten/fallback/OpenRegOpTraits.h"
 #include "engine/fallback/OpenRegBorrowedStack.h"
 #include "engine/fallback/OpenRegFallback.h"
-#include "aten/fallback/OpenRegOpTraits.h"
 
 namespace openreg {
 namespace {
