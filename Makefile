@@ -8,6 +8,7 @@
 #   make opinfo       set up, build, the full OpInfo differential run
 #   make opinfo-sparse  the same for the sparse OpInfo samples
 #   make scaffold-check a new backend from the scaffold, built and conformance-checked
+#   make scaffold-minimal-check  the same for the minimal backend (no engine)
 #   make conformance  set up, build, print openreg's conformance report card
 #   make compile-zoo  set up, build, torch.compile vs eager over more OpInfo ops
 #   make fuzz         set up, build, the long random-program fuzz run and the
@@ -34,7 +35,7 @@ export OPENREG_BUILD_DIR := $(abspath $(BUILD_DIR))
 
 CPP_SOURCES := $(shell find runtime csrc -name '*.cpp' -o -name '*.h')
 
-.PHONY: all setup build wheel test-wheel thirdparty demo test test-runtime bench-runtime test-runtime-asan test-python test-process-driver bench opinfo opinfo-sparse scaffold-check compile-zoo conformance conformance-card fuzz format lint clean
+.PHONY: all setup build wheel test-wheel thirdparty demo test test-runtime bench-runtime test-runtime-asan test-python test-process-driver bench opinfo opinfo-sparse scaffold-check scaffold-minimal-check compile-zoo conformance conformance-card fuzz format lint clean
 
 all: build
 
@@ -130,6 +131,12 @@ opinfo-sparse: build
 # build/scaffold-card.md. `make test` checks the written tree only.
 scaffold-check: build
 	bash scripts/scaffold_check.sh
+
+# The minimal backend (python -m torch_openreg.scaffold NAME DIR --minimal:
+# the integration without the simulator's engine), built the same way, then
+# its conformance kit (about 4 minutes); card in build/scaffold-minimal-card.md.
+scaffold-minimal-check: build
+	bash scripts/scaffold_minimal_check.sh
 
 # The conformance kit (torch_openreg/conformance/, docs/conformance.md) on
 # openreg: prints the report card; fails when a check fails.

@@ -92,3 +92,77 @@ def test_cli_refuses_a_non_empty_directory(tmp_path):
     assert proc.returncode == 2
     assert "exists and is not empty" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+# The --minimal backend (issue 61): the integration without the simulator's
+# engine. `make scaffold-minimal-check` builds it and runs its conformance kit.
+@pytest.fixture(scope="module")
+def minimal(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("minimal") / "mydev"
+    written = scaffold.scaffold("mydev", dest, minimal=True)
+    return dest, written
+
+
+def test_minimal_backend_has_the_integration_and_no_engine(minimal):
+    dest, written = minimal
+    rels = {p.relative_to(dest).as_posix() for p in written}
+    for rel in ("runtime/include/mydev.h", "runtime/src/device.cpp",
+                "csrc/core/MydevEngine.h", "csrc/aten/fallback/MydevCopyingFallback.cpp",
+                "csrc/aten/fallback/MydevFallbackEntry.cpp", "csrc/aten/MydevHostConvolution.cpp",
+                "csrc/kernels/MydevKernelLibrary.cpp", "csrc/mydev_native_functions.yaml",
+                "torch_mydev/__init__.py", "torch_mydev/conformance/__main__.py",
+                "setup.py", "pyproject.toml", "CMakeLists.txt", "Makefile",
+                "README.md"):  # fmt: skip
+        assert rel in rels, rel
+    for prefix in ("csrc/engine/", "torch_mydev/compile/", "tests/", "benchmarks/", "docs/"):
+        assert not any(r.startswith(prefix) for r in rels), prefix
+    # The PyTorch layer without the engine: well under two thirds of csrc/.
+    source = scaffold.source_root()
+
+    def lines(paths):
+        return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in paths)
+
+    full = lines(source / f for f in scaffold.tracked_files(source) if f.startswith("csrc/"))
+    ours = lines(p for p in written if p.relative_to(dest).as_posix().startswith("csrc/"))
+    assert ours < 0.6 * full, (ours, full)
+
+
+def test_minimal_backend_never_names_the_engine_in_its_build(minimal):
+    dest, written = minimal
+    left = []
+    for path in written:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        if re.search(r"openreg|OpenReg|OPENREG", text):
+            left.append(path.relative_to(dest).as_posix())
+        if re.search(r'#\s*include\s*"engine/', text):
+            left.append(f"{path.relative_to(dest).as_posix()} includes the engine")
+    assert left == []
+    pyproject = (dest / "pyproject.toml").read_text()
+    assert "torch_mydev.compile" not in pyproject and '"tests"' not in pyproject
+    makefile = (dest / "Makefile").read_text()
+    assert "test: test-runtime conformance" in makefile
+    assert "torch_mydev.conformance --device mydev" in makefile
+    readme = (dest / "README.md").read_text()
+    assert "copying fallback" in readme and "What to replace" in readme
+
+
+def test_minimal_backend_python_files_parse(minimal):
+    dest, written = minimal
+    for path in written:
+        if path.suffix == ".py":
+            ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def test_cli_writes_the_minimal_backend(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch_openreg.scaffold", "mydev", str(tmp_path / "m"), "--minimal"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "make build && make test" in proc.stdout
+    assert not (tmp_path / "m" / "csrc" / "engine").exists()

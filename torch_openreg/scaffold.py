@@ -198,9 +198,9 @@ def minimal_readme(name: str) -> str:
 
 A PyTorch backend for the `{name}` device (`torch.device("{name}")`, the
 `PrivateUse1` dispatch key), the minimal one a port of real hardware starts
-from: generated from openreg by
-`python -m torch_openreg.scaffold {name} DIR --minimal`. It builds and passes
-its conformance kit as generated, on openreg's simulated driver.
+from, written by a simulator project's scaffold (`scaffold {name} DIR
+--minimal`). It builds and passes its conformance kit as written, on the
+simulated driver in `runtime/src/`.
 
 ```sh
 make build    # its own .venv with the pinned torch, then the extension
@@ -224,8 +224,8 @@ operator synchronizes and moves its arguments twice.
 
 1. **The driver behind `runtime/include/{name}.h`**: the header is the driver
    API the PyTorch layer uses (devices, memory, streams, events, named
-   kernels, pinned host memory); `runtime/src/` is openreg's simulator
-   behind it. Implement the same header over your driver, and keep
+   kernels, pinned host memory); `runtime/src/` is the simulator behind
+   it. Implement the same header over your driver, and keep
    `runtime/tests/` (the contract: `make test-runtime`) passing.
 2. **The device's kernel library** (`csrc/kernels/`): the named kernels
    your device runs (`{name}LaunchFunction` launches them by name with a
@@ -246,8 +246,8 @@ autograd, autocast, serialization, the profiler, `torch.distributed`
 (Gloo through pinned host copies), the Python module `torch.{name}`, the
 `{upper}_*` settings and the conformance kit
 (`.venv/bin/python -m torch_{name}.conformance --device {name}`).
-openreg's documentation (its `docs/`, in the openreg repository) describes
-each integration point; `csrc/README.md` maps the folders.
+The `docs/` folder of the project this was written from describes each
+integration point; `csrc/README.md` maps the folders here.
 """
 
 
