@@ -27,7 +27,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-
 LISTS = ("supported", "symint", "autograd")
 
 

@@ -18,7 +18,8 @@
 // of cuLaunchKernel's kernelParams. The host never calls it: a launch is the
 // kernel library's `openreg_compiled_kernel` with bytes that name the
 // library, the symbol and the arguments
-// (engine/kernels/OpenRegCompiledKernelFormat.h), the one launch path of both drivers.
+// (engine/kernels/OpenRegCompiledKernelFormat.h), the one launch path of both
+// drivers.
 #pragma once
 
 #include <c10/core/Device.h>

@@ -10,9 +10,9 @@
 // kMaxCachedBytes beyond the blocks in use.
 //
 // Used, through FrontAllocator below, by the kernel library's workspace
-// (engine/kernels/OpenRegWorkspace.cpp) and by the host's cache for the kernels it
-// runs from closures (engine/memory/OpenRegKernelScratch.cpp). Thread-safe: a block
-// may be freed on any thread.
+// (engine/kernels/OpenRegWorkspace.cpp) and by the host's cache for the kernels
+// it runs from closures (engine/memory/OpenRegKernelScratch.cpp). Thread-safe:
+// a block may be freed on any thread.
 #pragma once
 
 #include <c10/core/Allocator.h>
@@ -113,8 +113,8 @@ class BlockCache {
 // everything else on (passed_on()); a block of either is freed through this
 // allocator. Derived (final) declares `static Derived* instance` and
 // `static constexpr const char* kName`, and may hide give() and the fork
-// hooks to own more than the cache's blocks (engine/memory/OpenRegKernelScratch.cpp
-// also hands out device memory).
+// hooks to own more than the cache's blocks
+// (engine/memory/OpenRegKernelScratch.cpp also hands out device memory).
 template <class Derived>
 class FrontAllocator : public c10::Allocator {
  public:

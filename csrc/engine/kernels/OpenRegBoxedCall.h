@@ -1,6 +1,6 @@
-// Runs a serialized boxed call (engine/kernels/OpenRegCallFormat.h) on the device:
-// PyTorch's CPU kernel over CPU tensors that alias device memory, as the
-// device itself sees it.
+// Runs a serialized boxed call (engine/kernels/OpenRegCallFormat.h) on the
+// device: PyTorch's CPU kernel over CPU tensors that alias device memory, as
+// the device itself sees it.
 //
 // This is device-side code: it uses ATen's CPU kernels and the dispatcher,
 // never the openreg runtime or the PyTorch layer's host state, so the same

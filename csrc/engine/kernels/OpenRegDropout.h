@@ -1,6 +1,6 @@
 // openreg's fused dropout kernels as device-side code: the same functions
-// run on the thread driver's stream worker (engine/ops/OpenRegRandomOps.cpp, from
-// a host closure) and in a device process (libopenreg_kernels.so's
+// run on the thread driver's stream worker (engine/ops/OpenRegRandomOps.cpp,
+// from a host closure) and in a device process (libopenreg_kernels.so's
 // openreg_dropout and openreg_dropout_backward, from the byte parameters
 // below), so both drivers draw the same numbers and compute the same bits.
 //

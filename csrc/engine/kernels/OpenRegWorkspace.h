@@ -3,14 +3,14 @@
 //
 // While a WorkspaceScope is alive on a thread (the library's kernels open
 // one), that thread's CPU allocations of at least BlockCache::kMinBytes come
-// from a BlockCache (engine/kernels/OpenRegBlockCache.h): a convolution's output
-// temporary and oneDNN's scratchpad are reused from call to call instead of
-// being page-faulted in again (a small CNN training step: 1500 page faults
+// from a BlockCache (engine/kernels/OpenRegBlockCache.h): a convolution's
+// output temporary and oneDNN's scratchpad are reused from call to call instead
+// of being page-faulted in again (a small CNN training step: 1500 page faults
 // per step without it, 250-450 with it). The cache is installed as the
 // process's CPU allocator, in front of the one in place, the first time a
 // scope opens; every other allocation goes to that one. With the thread
-// driver that is the PyTorch layer's own (engine/memory/OpenRegKernelScratch.h), in
-// a device process the CPU's.
+// driver that is the PyTorch layer's own
+// (engine/memory/OpenRegKernelScratch.h), in a device process the CPU's.
 //
 // The library is linked with -z nodelete: once installed, the allocator
 // must outlive every block it gave, so the library is never unmapped.

@@ -123,8 +123,8 @@ const bool g_installed = ScratchAllocator::install();
 
 // The checks below ask whether this allocator was installed, not whether it
 // is the current one: the kernel library's workspace
-// (engine/kernels/OpenRegWorkspace.h) installs itself in front of it when the thread
-// driver loads the library, and passes it what it does not serve.
+// (engine/kernels/OpenRegWorkspace.h) installs itself in front of it when the
+// thread driver loads the library, and passes it what it does not serve.
 bool begin_kernel_scratch() noexcept {
   const bool previous = t_scratch;
   t_scratch = g_installed;

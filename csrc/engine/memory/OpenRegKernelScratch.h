@@ -5,10 +5,10 @@
 // computes into a temporary output, oneDNN takes a scratchpad, a
 // TensorIterator casts an input), which page-faults large ones in again at
 // every call; a real device takes them from its workspace
-// (engine/kernels/OpenRegBlockCache.h). The kernel library's named kernels, every
-// queued kernel of the PyTorch layer, use the library's workspace
-// (engine/kernels/OpenRegWorkspace.h). The kernels the host runs from closures on
-// the stream worker (a synchronous call, a captured fallback call) use this
+// (engine/kernels/OpenRegBlockCache.h). The kernel library's named kernels,
+// every queued kernel of the PyTorch layer, use the library's workspace
+// (engine/kernels/OpenRegWorkspace.h). The kernels the host runs from closures
+// on the stream worker (a synchronous call, a captured fallback call) use this
 // one: while a KernelScratchScope is alive on a thread, that thread's CPU
 // allocations of at least 64 KiB come from a BlockCache. Every other
 // allocation, and every allocation of every other thread, goes to the CPU

@@ -39,10 +39,10 @@
 #include <vector>
 
 #include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
-#include "engine/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
-#include "engine/fallback/OpenRegCallEncoder.h"
 #include "core/OpenRegFunctions.h"
+#include "engine/OpenRegKernelView.h"
+#include "engine/fallback/OpenRegCallEncoder.h"
 
 namespace openreg {
 

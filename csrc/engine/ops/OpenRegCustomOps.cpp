@@ -13,9 +13,9 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
-#include "engine/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
 #include "core/OpenRegNamedKernels.h"
+#include "engine/OpenRegKernelView.h"
 #include "engine/kernels/OpenRegCustomOpKernels.h"
 
 namespace openreg {

@@ -18,8 +18,8 @@
 #include <algorithm>
 
 #include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
-#include "engine/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
+#include "engine/OpenRegKernelView.h"
 #include "engine/fallback/OpenRegCallEncoder.h"
 
 namespace openreg {

@@ -9,9 +9,9 @@
 #include <tuple>
 
 #include "PrivateUse1NativeFunctions.h"  // generated (csrc/openreg_native_functions.yaml)
-#include "engine/OpenRegKernelView.h"
 #include "aten/OpenRegLaunch.h"
 #include "core/OpenRegNamedKernels.h"
+#include "engine/OpenRegKernelView.h"
 #include "engine/kernels/OpenRegDropout.h"
 #include "random/OpenRegGenerator.h"
 
@@ -30,9 +30,9 @@ bool fusable(const at::Tensor& t) {
 
 // [doc:fused-dropout-launch]
 // One kernel writes the mask and the result: the kernel library's named
-// kernel openreg_dropout (engine/kernels/OpenRegDropout.cpp), with either driver.
-// The draw is reserved here, in program order, so the bits do not depend on
-// when or where the kernel runs.
+// kernel openreg_dropout (engine/kernels/OpenRegDropout.cpp), with either
+// driver. The draw is reserved here, in program order, so the bits do not
+// depend on when or where the kernel runs.
 std::tuple<at::Tensor, at::Tensor> fused_dropout(const at::Tensor& input,
                                                  double keep) {
   const double scale = keep == 0. ? 0. : 1. / keep;
