@@ -12,6 +12,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+import pytest
 import torch
 import torch.distributed as dist
 from conftest import run_in_own_network
@@ -279,6 +280,80 @@ def test_collectives_match_cpu(tmp_path):
 
 def test_stream_ordering_async_and_errors(tmp_path):
     run_ranks(_stream_semantics, tmp_path, timeout=120)
+
+
+# ---------------------------------------------------------------------------
+# A collective's call does not make the host wait for the device, with either
+# driver. On CUDA, ProcessGroupNCCL queues the collective on its own stream
+# after an event of the current stream, and sync debug mode reports nothing
+# for it. With the process driver (device memory the host cannot reach) the
+# tensors are staged through pinned host memory: the staging copies are
+# queued on the current stream, and the group's issue thread hands them to
+# Gloo once they have run (docs/distributed.md, "Staged through pinned host
+# memory"). Until issue 62 the call copied them with a blocking copy.
+
+
+def _calls_without_host_waits(rank, world):
+    from torch.openreg import faults
+
+    d = _dev(rank)
+    peer = 1 - rank
+    base = _values(rank, (64, 64), torch.float32)
+    gathered_cpu = [torch.empty(64, 64) for _ in range(world)]
+    want = base @ base
+    for _ in range(3):
+        want = want @ base / 64
+    want_sum = [want.clone()]
+    dist.all_reduce(want_sum[0].view(-1), group=None)  # CPU twin through Gloo
+    dist.all_gather(gathered_cpu, want)
+    rs_parts = [want * (r + 1) for r in range(world)]
+    rs_cpu = torch.empty(64, 64)
+    dist.reduce_scatter(rs_cpu, rs_parts)
+
+    x = base.to(d)
+    torch.openreg.synchronize()
+    # While the fault is armed, each kernel starts up to 0.3 s late (seeded),
+    # so the device is still busy when the calls return unless a call waited
+    # for it.
+    stream = torch.openreg.current_stream()
+    torch.openreg.set_sync_debug_mode("error")
+    try:
+        with faults.delay_kernels(d, max_us=300_000, seed=rank):
+            y = x @ x
+            for _ in range(3):
+                y = y @ x / 64
+            summed = y.clone()
+            w1 = dist.all_reduce(summed, async_op=True)
+            gathered = [torch.empty_like(y) for _ in range(world)]
+            w2 = dist.all_gather(gathered, y, async_op=True)
+            rs = torch.empty_like(y)
+            w3 = dist.reduce_scatter(rs, [y * (r + 1) for r in range(world)], async_op=True)
+            got = torch.empty_like(y)
+            if rank == 0:
+                w4 = dist.isend(y, dst=peer)
+                w5 = dist.irecv(got, src=peer)
+            else:
+                w5 = dist.irecv(got, src=peer)
+                w4 = dist.isend(y, dst=peer)
+            busy = not stream.query()
+        for w in (w1, w2, w3, w4, w5):
+            w.wait()
+    finally:
+        torch.openreg.set_sync_debug_mode("default")
+    assert busy, "a collective's call waited for the device"
+    _check_close(summed, want_sum[0], "all_reduce")
+    for r in range(world):
+        _check_close(gathered[r], gathered_cpu[r], f"all_gather[{r}]")
+    _check_close(rs, rs_cpu, "reduce_scatter")
+    _check_close(got, gathered_cpu[peer], "irecv")
+    return True
+
+
+@pytest.mark.parametrize("driver", ["thread", "process"])
+def test_collective_calls_do_not_wait_for_the_device(tmp_path, driver):
+    assert run_ranks(
+        _calls_without_host_waits, tmp_path, env={"OPENREG_DRIVER": driver}, timeout=120
+    ) == [True, True]
 
 
 # ---------------------------------------------------------------------------

@@ -244,7 +244,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::barrier(
       getCurrentStream(device).synchronize();
     }
   }
-  return gloo_->barrier(opts);
+  return in_issue_order([&] { return gloo_->barrier(opts); });
 }
 
 }  // namespace openreg::distributed

@@ -7,6 +7,7 @@
 
 #include "core/OpenRegEngine.h"
 #include "core/OpenRegFunctions.h"
+#include "core/OpenRegStream.h"
 
 namespace openreg::distributed {
 
@@ -17,14 +18,15 @@ namespace {
 thread_local std::vector<StagedTensor> t_staged;
 
 // [doc:c10d-staging]
-// A pinned host copy of `t` (same sizes and strides), made after the work
-// queued on the current stream: Gloo reads and writes it, and the launch
-// copies it back if the collective writes `t`.
+// A pinned host copy of `t` (same sizes and strides), queued on the current
+// stream after its work: the host does not wait for it. The group's issue
+// thread hands it to Gloo once the copy has run (launch_staged), and the
+// collective's end copies it back if the collective writes `t`.
 at::Tensor stage(const at::Tensor& t) {
   at::Tensor host = at::empty_strided(
       t.sizes(), t.strides(),
       t.options().device(c10::DeviceType::CPU).pinned_memory(true));
-  host.copy_(t);
+  host.copy_(t, /*non_blocking=*/true);
   t_staged.push_back({t, host});
   return host;
 }
@@ -142,7 +144,11 @@ void copy_back(const std::vector<StagedTensor>& staged,
   for (const StagedTensor& s : staged) {
     for (const at::Tensor& out : outputs) {
       if (out.unsafeGetTensorImpl() == s.device.unsafeGetTensorImpl()) {
-        s.device.copy_(s.host);
+        s.device.copy_(s.host, /*non_blocking=*/true);
+        // The device block is not reused before the copy has run, even if
+        // its tensor is freed first (the stream may not be its own).
+        s.device.record_stream(
+            getCurrentStream(s.device.device().index()).unwrap());
         break;
       }
     }

@@ -12,7 +12,7 @@
 //    (after the work queued on the current stream), handed to Gloo, and the
 //    tensors the collective writes copied back when it has finished. This is
 //    what ProcessGroupGloo does for CUDA tensors, and what a NIC without
-//    device-memory access needs.
+//    device-memory access needs. Neither copy makes the host wait.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -49,15 +49,19 @@ struct StagedTensor {
 std::vector<StagedTensor> take_staged();
 
 // Copies back to the device each staged tensor that is one of `outputs`
-// (the tensors the collective writes); waits for the copies.
+// (the tensors the collective writes), queued on the current stream: the
+// host does not wait, and the pinned copy is reused only once the copy has
+// run (the host allocator's record_event).
 void copy_back(const std::vector<StagedTensor>& staged,
                const std::vector<at::Tensor>& outputs);
 
 // A host thread that runs tasks one at a time, in the order they are
-// posted: where a group's staged collectives complete (wait for Gloo, copy
-// the outputs back, complete the future), in launch order, as the thread
-// driver's completion stream does. Started at the first task; the
-// destructor runs the tasks left, then joins. A task must not throw.
+// posted: where a group's staged collectives are handed to Gloo once their
+// staging copies have run (as the thread driver's issue stream does), and
+// where they complete (wait for Gloo, copy the outputs back, complete the
+// future), in launch order, as the thread driver's completion stream does.
+// Started at the first task; the destructor runs the tasks left, then joins. A
+// task must not throw.
 class CompletionThread {
  public:
   CompletionThread() = default;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -213,7 +214,8 @@ ProcessGroupOpenReg::ProcessGroupOpenReg(c10::intrusive_ptr<c10d::Backend> gloo,
         return next.fetch_add(1) % kCollectiveCompletionStreams;
       }()),
       timeout_(timeout),
-      staged_completions_(std::make_unique<CompletionThread>()) {
+      staged_completions_(std::make_unique<CompletionThread>()),
+      staged_issues_(std::make_unique<CompletionThread>()) {
   TORCH_CHECK(gloo_, "orccl: no Gloo process group given");
   TORCH_CHECK(gloo_->getRank() == rank && gloo_->getSize() == size,
               "orccl: the Gloo process group is rank ", gloo_->getRank(),
@@ -235,6 +237,26 @@ uint64_t ProcessGroupOpenReg::getSequenceNumberForGroup() {
   return gloo_->getSequenceNumberForGroup();
 }
 
+// [doc:c10d-issue-order]
+c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::in_issue_order(
+    const Issue& issue) {
+  if (host_kernels_supported()) {
+    return issue();  // launch() hands Gloo its calls in order already
+  }
+  auto issued =
+      std::make_shared<std::promise<c10::intrusive_ptr<c10d::Work>>>();
+  std::future<c10::intrusive_ptr<c10d::Work>> work = issued->get_future();
+  staged_issues_->post([issued, &issue] {
+    try {
+      issued->set_value(issue());
+    } catch (...) {
+      issued->set_exception(std::current_exception());
+    }
+  });
+  return work.get();  // `issue` outlives the task: this thread waits here
+}
+// [/doc:c10d-issue-order]
+
 // [doc:c10d-one-rank-per-device]
 void ProcessGroupOpenReg::check_one_rank_per_device(c10::DeviceIndex device,
                                                     const char* op) {
@@ -246,7 +268,7 @@ void ProcessGroupOpenReg::check_one_rank_per_device(c10::DeviceIndex device,
       all[0].push_back(at::empty({1}, at::TensorOptions(at::kLong)));
     }
     try {
-      gloo_->allgather(all, mine)->wait();
+      in_issue_order([&] { return gloo_->allgather(all, mine); })->wait();
     } catch (...) {
       // The first collective did not complete (a dead or hung peer): as
       // for any collective, the device is aborted.
@@ -278,7 +300,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch(
   std::vector<StagedTensor> staged = take_staged();
   const c10::DeviceIndex device = common_device(tensors, name);
   if (device < 0) {
-    return issue();  // CPU tensors only: plain Gloo
+    return in_issue_order(issue);  // CPU tensors only: plain Gloo
   }
   if (kind == Kind::kCollective) {
     check_one_rank_per_device(device, name);
@@ -398,24 +420,30 @@ std::exception_ptr named_error(const std::string& op, std::exception_ptr e) {
 
 // [doc:c10d-launch-staged]
 // A driver whose device memory the host cannot reach: the tensors were
-// staged through pinned host memory (gloo_alias, after the current
-// stream's work) and Gloo is called at once from this thread; its call
-// returns at once, so collectives still run side by side. When Gloo
-// finishes a collective, its outputs are copied back to the device (on the
-// group's completion stream) and then the Work's
-// future completes: wait() and the future's waiters see the outputs on the
-// device. The group's completion thread does that, in launch order. A
-// point-to-point operation copies back in wait().
+// staged through pinned host memory (gloo_alias: copies queued on the
+// current stream after its work). The caller does not wait for them: the
+// group's issue thread waits for an event recorded after them and then
+// calls Gloo, in launch order; Gloo's call returns at once, so collectives
+// still run side by side. When Gloo finishes a collective, the group's
+// completion thread, in launch order, queues the copies of its outputs back
+// to the device on the group's completion stream and completes the Work's
+// future, whose events order its waiters after those copies. A
+// point-to-point operation copies back in wait(), on the caller's stream.
 c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch_staged(
     c10d::OpType op, const std::string& op_name, c10::DeviceIndex device,
     std::vector<StagedTensor> staged, std::vector<at::Tensor> outputs,
     Kind kind, Issue issue) {
   auto state = std::make_shared<CommState>();
-  try {
-    state->issued(issue(), nullptr);
-  } catch (...) {
-    state->issued(nullptr, std::current_exception());
-  }
+  auto copied = std::make_shared<c10::Event>(c10::DeviceType::PrivateUse1);
+  copied->record(getCurrentStream(device).unwrap());
+  staged_issues_->post([state, copied, issue = std::move(issue)] {
+    try {
+      copied->synchronize();  // the staging copies have run
+      state->issued(issue(), nullptr);
+    } catch (...) {
+      state->issued(nullptr, std::current_exception());
+    }
+  });
   if (kind == Kind::kPointToPoint) {
     auto finish = [state, op_name, staged = std::move(staged), outputs] {
       try {

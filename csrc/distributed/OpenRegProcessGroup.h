@@ -40,8 +40,9 @@
 // CPU tensors go straight to Gloo: one process group serves "cpu" and
 // "openreg" tensors. With a driver whose device memory the host cannot reach
 // (OPENREG_DRIVER=process) Gloo works on pinned host copies instead of
-// aliases, and the host waits for collectives (OpenRegCommTensors.h,
-// launch_staged).
+// aliases, copied on the current stream and handed to Gloo by a host thread
+// of the group once the copies have run, so that the host does not wait for
+// the device at the call either (OpenRegCommTensors.h, launch_staged).
 #pragma once
 
 #include <memory>
@@ -153,6 +154,14 @@ class ProcessGroupOpenReg final : public c10d::Backend {
                                                std::vector<at::Tensor> outputs,
                                                Kind kind, Issue issue);
 
+  // Runs `issue` now, from this thread, in order with the group's staged
+  // collectives: with a driver whose device memory the host cannot reach,
+  // after those launched before it were handed to Gloo (Gloo matches the
+  // ranks' calls by their order), which waits for their staging copies.
+  // For the calls that skip launch_staged: CPU tensors, the barrier, the
+  // first collective's device check.
+  c10::intrusive_ptr<c10d::Work> in_issue_order(const Issue& issue);
+
   // NCCL's check of its first collective: each rank of a group on a device
   // of its own ("Duplicate GPU detected"). Once per group, on the host,
   // through Gloo (every rank reaches its first collective at the same
@@ -167,6 +176,9 @@ class ProcessGroupOpenReg final : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   // Where staged collectives complete (launch_staged), in launch order.
   std::unique_ptr<CompletionThread> staged_completions_;
+  // Where staged collectives are handed to Gloo, in launch order. Declared
+  // last, so destroyed first: its tasks left run before the completions'.
+  std::unique_ptr<CompletionThread> staged_issues_;
 };
 
 }  // namespace openreg::distributed
