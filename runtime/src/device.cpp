@@ -216,6 +216,19 @@ const Config& config() {
         return c;
       }
     }
+    if (const char* env = std::getenv("OPENREG_TEAM_SPIN")) {
+      // Read by the device processes (device_main.cpp, "team spin").
+      if (*env != '\0' && std::strcmp(env, "auto") != 0 &&
+          std::strcmp(env, "long") != 0 && std::strcmp(env, "short") != 0) {
+        bad_setting(c,
+                    "OPENREG_TEAM_SPIN='%s' is not 'auto' (the default: "
+                    "each device process chooses as it runs), 'long' or "
+                    "'short' (how long the device's OpenMP threads spin "
+                    "after a region, process driver)",
+                    env);
+        return c;
+      }
+    }
     if (const char* env = std::getenv("OPENREG_KERNEL_TIMEOUT")) {
       // Seconds, a plain decimal number ("30", "0.5"); 0 or empty: off.
       char* end = nullptr;

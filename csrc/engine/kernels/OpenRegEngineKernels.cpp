@@ -15,7 +15,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -30,6 +32,7 @@
 #include "engine/kernels/OpenRegCompiledKernelFormat.h"
 #include "engine/kernels/OpenRegCustomOpKernels.h"
 #include "engine/kernels/OpenRegDropout.h"
+#include "engine/kernels/OpenRegParallel.h"
 #include "engine/kernels/OpenRegReservedBlocks.h"
 #include "engine/kernels/OpenRegWorkspace.h"
 
@@ -247,6 +250,79 @@ void run_compiled_kernel(const unsigned char* bytes, size_t size,
 // [/doc:compiled-kernel-device]
 
 }  // namespace
+
+// [doc:team-spin]
+// SIMULATOR ONLY: how long the device's OpenMP team threads spin after a
+// region, for a device process (it owns its libgomp), which says which it
+// wants ("team-spin-choice" in runtime/src/device_main.cpp). libgomp spins
+// GOMP_SPINCOUNT polls (300,000 by default, milliseconds) after a region or
+// at a barrier, so that the next region starts at once; but when the
+// process has more OpenMP threads than CPUs it spins about 100 polls and
+// sleeps, and it checks that at every wait. A kernel-bound loop wants the
+// long spin: a region whose team slept pays a futex wake-up (60-140 us on
+// this machine). A host-bound loop wants the short one: the spinning team
+// thread takes the core the host's Python runs on. The short spin is one
+// OpenMP thread more, kept idle: a thread of this library runs an empty
+// region of two and keeps its team; the long spin comes back when that
+// thread ends its team (omp_pause_resource_all ends the calling thread's
+// team only). The thread driver shares the host's libgomp and does not
+// call this.
+namespace {
+
+class TeamSpin {
+ public:
+  void want(bool short_spin) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (want_short_ == short_spin) {
+        return;
+      }
+      want_short_ = short_spin;
+      if (!started_) {
+        started_ = true;
+        std::thread([this] { run(); }).detach();
+      }
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void run() {
+    bool have_short = false;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return want_short_ != have_short; });
+      have_short = want_short_;
+      lock.unlock();
+      if (have_short) {
+        // A team of two whose other thread stays idle: one OpenMP thread
+        // more than the cores while it lives.
+        if (openreg::start_idle_team() < 2) {
+          return;  // one thread only: nothing spins
+        }
+      } else {
+        omp_pause_resource_all(omp_pause_soft);  // ends this thread's team
+      }
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;  // guards the fields below
+  std::condition_variable cv_;
+  bool want_short_ = false;
+  bool started_ = false;
+};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) void openreg_team_spin_hint(
+    int host_bound) {
+  static TeamSpin* spin = new TeamSpin();  // never destroyed: a detached thread
+  if (omp_get_num_procs() >= 2) {
+    spin->want(host_bound != 0);
+  }
+}
+// [/doc:team-spin]
 
 // A serialized boxed call (engine/kernels/OpenRegCallFormat.h). What the CPU
 // kernel throws becomes the launch's error message, naming the operator as

@@ -47,4 +47,14 @@ void parallel_chunks(int64_t begin, int64_t end, int64_t grain,
   }
 }
 
+int start_idle_team() {
+  int team = 1;
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp master
+    team = omp_get_num_threads();
+  }
+  return team;
+}
+
 }  // namespace openreg

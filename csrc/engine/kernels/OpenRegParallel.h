@@ -25,4 +25,10 @@ namespace openreg {
 void parallel_chunks(int64_t begin, int64_t end, int64_t grain,
                      c10::function_ref<void(int64_t, int64_t)> f);
 
+// SIMULATOR ONLY ("team-spin" in OpenRegEngineKernels.cpp): runs an empty
+// region of two threads, leaving the calling thread with an idle team of
+// its own (one OpenMP thread more in the process until the thread ends its
+// team with omp_pause_resource_all). Returns the team's size.
+int start_idle_team();
+
 }  // namespace openreg
