@@ -233,10 +233,14 @@ void* map_file(int fd, size_t bytes) {
 
 }  // namespace
 
-orError_t request(ProcessDevice& pd, Request what, int arg0, int arg1,
-                  const char* text, const uint64_t* values, std::string* why) {
-  std::lock_guard<std::mutex> lock(pd.request_mu);
-  OR_RETURN_IF_ERROR(check_not_lost(pd.dev));
+void PostedRequest::post(ProcessDevice& pd, Request what, int arg0, int arg1,
+                         const char* text, const uint64_t* values) {
+  pd_ = &pd;
+  lock_ = std::unique_lock<std::mutex>(pd.request_mu);
+  posted_ = check_not_lost(pd.dev);
+  if (posted_ != orSuccess) {
+    return;
+  }
   Control& c = *pd.control;
   c.request = what;
   c.arg0 = arg0;
@@ -245,20 +249,45 @@ orError_t request(ProcessDevice& pd, Request what, int arg0, int arg1,
   for (int i = 0; i < 3; ++i) {
     c.value[i] = values != nullptr ? values[i] : 0;
   }
-  const uint32_t seq = c.request_seq.load() + 1;
-  c.request_seq.store(seq, std::memory_order_seq_cst);
+  seq_ = c.request_seq.load() + 1;
+  c.request_seq.store(seq_, std::memory_order_seq_cst);
   futex_wake(&c.request_seq);
+}
+
+orError_t PostedRequest::wait(std::string* why) {
+  if (pd_ == nullptr || !lock_.owns_lock()) {
+    return orErrorInvalidValue;  // never posted, or awaited twice
+  }
+  const orError_t posted = posted_;
+  if (posted != orSuccess) {
+    lock_.unlock();
+    return posted;
+  }
+  Control& c = *pd_->control;
   for (;;) {
     const uint32_t done = c.response_seq.load(std::memory_order_acquire);
-    if (done == seq) {
+    if (done == seq_) {
       if (why != nullptr) {
         why->assign(c.answer, strnlen(c.answer, sizeof(c.answer)));
       }
-      return static_cast<orError_t>(c.status);
+      const auto status = static_cast<orError_t>(c.status);
+      lock_.unlock();
+      return status;
     }
-    OR_RETURN_IF_ERROR(check_not_lost(pd.dev));
+    const orError_t lost = check_not_lost(pd_->dev);
+    if (lost != orSuccess) {
+      lock_.unlock();
+      return lost;
+    }
     futex_wait(&c.response_seq, done, 50);
   }
+}
+
+orError_t request(ProcessDevice& pd, Request what, int arg0, int arg1,
+                  const char* text, const uint64_t* values, std::string* why) {
+  PostedRequest r;
+  r.post(pd, what, arg0, arg1, text, values);
+  return r.wait(why);
 }
 
 orError_t start(Runtime* rt, size_t pinned_capacity) {
@@ -354,14 +383,24 @@ orError_t module_load(orModule_st* module, const char* path, std::string* why) {
   if (id >= kMaxModules) {
     return orErrorMemoryAllocation;
   }
-  // On every device that works: a lost device runs nothing anyway.
-  for (auto& dev : runtime().devices) {
-    ProcessDevice& pd = of(dev.get());
-    const orError_t err = request(pd, kLoadModule, id, 0, path, nullptr, why);
-    if (err != orSuccess && err != orErrorDeviceLost) {
-      *why = "device " + std::to_string(dev->index) + ": " + *why;
-      return err;
+  // On every device that works (a lost device runs nothing anyway), all at
+  // once: each device process dlopens the library and what it links.
+  auto& devices = runtime().devices;
+  std::vector<PostedRequest> posted(devices.size());
+  for (size_t d = 0; d < devices.size(); ++d) {
+    posted[d].post(of(devices[d].get()), kLoadModule, id, 0, path);
+  }
+  orError_t first = orSuccess;
+  for (size_t d = 0; d < devices.size(); ++d) {
+    std::string answer;
+    const orError_t err = posted[d].wait(&answer);
+    if (err != orSuccess && err != orErrorDeviceLost && first == orSuccess) {
+      first = err;
+      *why = "device " + std::to_string(devices[d]->index) + ": " + answer;
     }
+  }
+  if (first != orSuccess) {
+    return first;
   }
   module->id = id;
   return orSuccess;
@@ -384,12 +423,20 @@ orError_t function_get(orModule_st* module, const char* name,
     }
     shared().function_names.push_back(name);
   }
-  for (auto& dev : runtime().devices) {
-    const orError_t err =
-        request(of(dev.get()), kGetFunction, module->id, id, name);
-    if (err != orSuccess && err != orErrorDeviceLost) {
-      return err;
+  auto& devices = runtime().devices;
+  std::vector<PostedRequest> posted(devices.size());
+  for (size_t d = 0; d < devices.size(); ++d) {
+    posted[d].post(of(devices[d].get()), kGetFunction, module->id, id, name);
+  }
+  orError_t first = orSuccess;
+  for (auto& p : posted) {
+    const orError_t err = p.wait();
+    if (err != orSuccess && err != orErrorDeviceLost && first == orSuccess) {
+      first = err;
     }
+  }
+  if (first != orSuccess) {
+    return first;
   }
   fn->id = id;
   return orSuccess;

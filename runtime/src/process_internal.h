@@ -79,5 +79,28 @@ orError_t request(ProcessDevice& pd, openreg_proc::Request what, int arg0,
                   const uint64_t* values = nullptr,  // 3 of Control::value
                   std::string* why = nullptr);
 
+// A request posted to one device process and answered later, so that a
+// request every device must run (loading a kernel library: dlopen of
+// libtorch, a few hundred milliseconds) runs on all of them at once. It
+// holds the device's request lock from post() to wait() (or its end).
+class PostedRequest {
+ public:
+  PostedRequest() = default;
+  PostedRequest(PostedRequest&&) = default;
+  PostedRequest& operator=(PostedRequest&&) = default;
+  // Writes the request and rings the device's doorbell; the error of a lost
+  // device is kept and returned by wait().
+  void post(ProcessDevice& pd, openreg_proc::Request what, int arg0, int arg1,
+            const char* text, const uint64_t* values = nullptr);
+  // The device's answer (its text in `why`, if given).
+  orError_t wait(std::string* why = nullptr);
+
+ private:
+  ProcessDevice* pd_ = nullptr;
+  std::unique_lock<std::mutex> lock_;
+  uint32_t seq_ = 0;
+  orError_t posted_ = orSuccess;
+};
+
 }  // namespace proc
 }  // namespace openreg_rt
