@@ -34,7 +34,7 @@ namespace openreg_proc {
 constexpr uint32_t kMagic = 0x6f726770;      // "orgp"
 constexpr int kMaxDevices = OR_MAX_DEVICES;  // the public header's limit
 constexpr int kMaxStreams = 128;  // per device, the default stream included
-constexpr uint32_t kRingSlots = 64;
+constexpr uint32_t kRingSlots = 1024;  // as deep as the thread driver's queue
 // Commands that must have completed before a launch that found its ring full
 // goes on.
 constexpr uint32_t kRingRefill = kRingSlots / 4;
