@@ -269,6 +269,15 @@ struct DeviceRange {
 // The range that contains p: the arenas first (the hot path), then the
 // imported allocations. False for host memory.
 bool find_device_range(const void* p, DeviceRange* out);
+// A spinning wait's pause between two looks at a shared word.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 // orErrorDeviceLost if `dev` (may be null) is lost.
 inline orError_t check_not_lost(const Device* dev) {
   return dev != nullptr && dev->lost.load(std::memory_order_acquire)

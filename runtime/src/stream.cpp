@@ -14,14 +14,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 }  // namespace
 
 orStream::orStream(Device* dev, int priority, bool is_default)
@@ -190,7 +182,7 @@ orError_t orStream::wait_completed(uint64_t target, bool interruptible) {
     const auto until = Clock::now() + kSpin;
     int n = 0;
     while (completed_.load(std::memory_order_acquire) < target) {
-      cpu_relax();
+      openreg_rt::cpu_relax();
       if ((++n & 63) == 0 && Clock::now() > until) {
         break;
       }

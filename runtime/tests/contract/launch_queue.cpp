@@ -83,5 +83,43 @@ TEST_F(ModuleTest, HostFarAheadOfABlockedStreamLosesAndReordersNothing) {
   }
 }
 
+// A host that launches faster than the device runs fills the queue, waits
+// for room, and fills it again: after its first wait it runs as far ahead as
+// before it (a CUDA launch queue's depth stays the depth), not a fraction of
+// the queue behind it with a wait at every launch. Each kernel notes how far
+// ahead the host is when it starts; the farthest lead in the middle of the
+// run is compared with the farthest over its first stretch, which is the
+// queue's depth (a driver-specific number this test does not assume).
+TEST_F(ModuleTest, HostFarAheadFillsTheQueueAgainAfterWaitingForRoom) {
+  constexpr uint32_t kLaunches = 6000;
+  PinnedWords launched(1);
+  PinnedWords leads(kLaunches);
+  StreamHandle stream;
+  orFunction_t fn = Function("or_test_note_lead");
+  for (uint32_t i = 0; i < kLaunches; ++i) {
+    OrTestLead p{launched.address(0), leads.address(0), i, 20};
+    ASSERT_EQ(orSuccess,
+              orLaunchFunction(stream.get(), fn, &p, sizeof(p), nullptr))
+        << "launch " << i;
+    launched[0] = i + 1;
+  }
+  ASSERT_EQ(orSuccess, orStreamSynchronize(stream.get()));
+  uint32_t first = 0;
+  for (uint32_t i = 0; i < kLaunches / 4; ++i) {
+    first = std::max(first, static_cast<uint32_t>(leads[i]));
+  }
+  uint32_t middle = 0;
+  for (uint32_t i = kLaunches / 2; i < kLaunches * 3 / 4; ++i) {
+    middle = std::max(middle, static_cast<uint32_t>(leads[i]));
+  }
+  if (first >= kLaunches / 2) {
+    GTEST_SKIP() << "the queue holds " << first << " launches: too deep for "
+                 << kLaunches << " to wait for room";
+  }
+  EXPECT_GE(middle, first * 9 / 10)
+      << "the host ran at most " << middle << " launches ahead after waiting "
+      << "for room, against " << first << " before";
+}
+
 }  // namespace
 }  // namespace openreg_test

@@ -144,6 +144,32 @@ __attribute__((visibility("default"))) int or_test_gate(const void* params,
   return 0;
 }
 
+// How far ahead of the device the host is when this launch runs: the
+// launches the host has made (a pinned word it counts) minus this one's
+// number, written to leads[index]; then busy for spin_us, so that the host
+// outpaces the device.
+__attribute__((visibility("default"))) int or_test_note_lead(
+    const void* params, size_t bytes, orKernelContext* ctx) {
+  if (bytes != sizeof(OrTestLead)) {
+    return 1;
+  }
+  OrTestLead p;
+  std::memcpy(&p, params, sizeof(p));
+  auto* launched = at<uint32_t>(ctx, p.launched);
+  auto* leads = at<uint32_t>(ctx, p.leads);
+  if (launched == nullptr || leads == nullptr) {
+    return 1;
+  }
+  const uint32_t now = reinterpret_cast<std::atomic<uint32_t>*>(launched)->load(
+      std::memory_order_acquire);
+  leads[p.index] = now - p.index;
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::microseconds(p.spin_us);
+  while (std::chrono::steady_clock::now() < until) {
+  }
+  return 0;
+}
+
 // Writes orKernelContext::team_threads(threads) to the pinned word
 // `result`, at once or (until_all) once it answers `threads`.
 __attribute__((visibility("default"))) int or_test_team_threads(

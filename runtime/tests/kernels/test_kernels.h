@@ -40,6 +40,13 @@ struct OrTestGate {  // or_test_gate
   uint64_t open;     // pinned host memory, one uint32, waited for
 };
 
+struct OrTestLead {   // or_test_note_lead
+  uint64_t launched;  // pinned host memory, one uint32: launches returned
+  uint64_t leads;     // pinned host memory, one uint32 per launch
+  uint32_t index;     // this launch's number: leads[index] = launched - index
+  uint32_t spin_us;   // then busy for this long
+};
+
 struct OrTestTeamThreads {  // or_test_team_threads
   uint64_t result;          // pinned host memory, one uint32: the answer
   uint32_t threads;         // what the kernel asks team_threads for
