@@ -3,7 +3,9 @@
 #
 #   make demo         set up, build, train a model on openreg (progress bar)
 #   make test         set up, build, run the runtime gtests and the pytest suite
-#   make test-process-driver  the pytest suite with each device in its own process
+#   make test-thread-driver   the pytest suite with the thread driver (each
+#                     device a set of threads of the user's process)
+#   make test-process-driver  the same with the process driver (the default)
 #   make bench        set up, build, run the openreg/CPU benchmarks
 #   make opinfo       set up, build, the full OpInfo differential run
 #   make opinfo-sparse  the same for the sparse OpInfo samples
@@ -35,7 +37,7 @@ export OPENREG_BUILD_DIR := $(abspath $(BUILD_DIR))
 
 CPP_SOURCES := $(shell find runtime csrc -name '*.cpp' -o -name '*.h')
 
-.PHONY: all setup build wheel test-wheel thirdparty demo test test-runtime bench-runtime test-runtime-asan test-python test-process-driver bench opinfo opinfo-sparse scaffold-check scaffold-minimal-check compile-zoo conformance conformance-card fuzz format lint clean
+.PHONY: all setup build wheel test-wheel thirdparty demo test test-runtime bench-runtime test-runtime-asan test-python test-thread-driver test-process-driver bench opinfo opinfo-sparse scaffold-check scaffold-minimal-check compile-zoo conformance conformance-card fuzz format lint clean
 
 all: build
 
@@ -80,17 +82,24 @@ test-runtime: setup
 	$(VENV)/bin/ctest --test-dir $(BUILD_DIR)-runtime --output-on-failure
 
 # The device-side code of the PyTorch layer with each driver (ctest in the
-# extension's build tree), the pytest suite, then a slice of it with each
-# device in a process of its own (OPENREG_DRIVER=process).
-PROCESS_SLICE := tests/test_ops.py tests/test_copy.py tests/test_opinfo_slice.py \
-	tests/test_profiler.py tests/test_ipc.py
+# extension's build tree), the pytest suite with the default driver (each
+# device a process of its own), then a slice of it with the thread driver
+# (OPENREG_DRIVER=thread): the core operators and copies, and what only the
+# thread driver does (host kernels, its team rule, the in-process fault
+# handler, the host's kernel workspace).
+THREAD_SLICE := tests/test_ops.py tests/test_copy.py tests/test_opinfo_slice.py \
+	tests/test_async.py tests/test_faults.py tests/test_launch_stats.py \
+	tests/test_memory_allocator.py tests/test_memory_isolation.py \
+	tests/test_process_driver.py
 test-python: build
 	$(VENV)/bin/ctest --test-dir $(BUILD_DIR) -R '^boxed-call' --output-on-failure
 	$(PY) -m pytest -q tests
-	OPENREG_DRIVER=process $(PY) -m pytest -q $(PROCESS_SLICE)
+	OPENREG_DRIVER=thread $(PY) -m pytest -q $(THREAD_SLICE)
 
-# The whole suite with OPENREG_DRIVER=process.
-# About 15 minutes on 2 cores (docs/process-driver.md, "Where it stands").
+# The whole suite with each driver named (the default is process).
+test-thread-driver: build
+	OPENREG_DRIVER=thread $(PY) -m pytest -q tests
+
 test-process-driver: build
 	OPENREG_DRIVER=process $(PY) -m pytest -q tests
 

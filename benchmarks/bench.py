@@ -322,12 +322,13 @@ def measure(name: str, device: str, quick: bool) -> dict:
 
 
 # --- the orchestrator ---------------------------------------------------------
-def run_fresh(name: str, device: str, quick: bool, driver: str = "thread") -> dict:
-    """Runs `measure(name, device)` in a new Python process (OPENREG_DRIVER=driver)."""
+def run_fresh(name: str, device: str, quick: bool, driver: str | None = None) -> dict:
+    """Runs `measure(name, device)` in a new Python process (OPENREG_DRIVER=driver;
+    None: this process's setting, the default driver when unset)."""
     cmd = [sys.executable, __file__, "--measure", name, "--device", device]
     if quick:
         cmd.append("--quick")
-    env = dict(os.environ, OPENREG_DRIVER=driver)
+    env = dict(os.environ, **({"OPENREG_DRIVER": driver} if driver else {}))
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{name} on {device} failed:\n{out.stderr[-2000:]}")
@@ -432,7 +433,7 @@ def row(
     }
 
 
-def alternate(name: str, rounds: int, quick: bool, driver: str = "thread") -> dict:
+def alternate(name: str, rounds: int, quick: bool, driver: str | None = None) -> dict:
     """Seconds per call of `name` in `rounds` fresh processes per device, in turn."""
     runs = {"cpu": [], "openreg": []}
     for r in range(rounds):
@@ -443,7 +444,12 @@ def alternate(name: str, rounds: int, quick: bool, driver: str = "thread") -> di
 
 
 def compare_case(
-    name: str, goal: float, goal_is_max: bool, rounds: int, quick: bool, driver: str = "thread"
+    name: str,
+    goal: float,
+    goal_is_max: bool,
+    rounds: int,
+    quick: bool,
+    driver: str | None = None,
 ) -> dict:
     inner = CASES[name][1] if name in CASES else 1
     runs = alternate(name, rounds, quick, driver)
@@ -649,6 +655,13 @@ def main() -> int:
         help="openreg's fallback (OPENREG_FALLBACK): the engine (default) or the copying "
         "fallback of a port (docs/operators.md); copy writes to results/fallback-copy",
     )
+    parser.add_argument(
+        "--driver",
+        choices=("process", "thread"),
+        default=None,
+        help="openreg's driver (OPENREG_DRIVER; default: the environment's, else process); "
+        "bench_process_driver.py runs issue 62's rows with both",
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--device", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -656,6 +669,10 @@ def main() -> int:
         print(json.dumps(measure(args.measure, args.device, args.quick)))
         return 0
     os.environ["OPENREG_FALLBACK"] = args.fallback  # inherited by every fresh process
+    if args.driver:
+        os.environ["OPENREG_DRIVER"] = args.driver
+    driver = os.environ.get("OPENREG_DRIVER") or "process"
+    print(f"OPENREG_DRIVER={driver}, OPENREG_FALLBACK={args.fallback}")
     if args.fallback == "copy" and args.out == parser.get_default("out"):
         args.out = args.out / "fallback-copy"
 
@@ -698,6 +715,7 @@ def main() -> int:
         "torch_version": torch.__version__,
         "quick": args.quick,
         "fallback": args.fallback,
+        "driver": driver,
         "rounds": rounds,
         "seconds": elapsed,
         "tables": tables,

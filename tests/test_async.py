@@ -360,7 +360,7 @@ def test_a_launch_on_a_team_releases_the_host_threads_team(py):
     assert (before, ran, after_small) == ("0", "1", "1"), out.stdout
     # A device process has an OpenMP runtime of its own, and the process
     # driver's staged kernels run on the host's team: nothing to release.
-    released = "0" if os.environ.get("OPENREG_DRIVER") != "process" else "1"
+    released = "1" if torch.openreg._named_kernels_only() else "0"
     assert (after_big, rerun) == (released, "1"), out.stdout
     assert ok == ["True"] * 3, out.stdout
 
@@ -420,7 +420,7 @@ def test_elementwise_kernels_leave_a_running_host_a_thread(py):
     assert out.returncode == 0, out.stderr
     with_team, after, again, *ok = out.stdout.split()
     assert ok == ["True"] * 3, out.stdout
-    if os.environ.get("OPENREG_DRIVER") == "process":
+    if torch.openreg._named_kernels_only():
         return  # the kernels run in the device's process
     assert with_team == "2", out.stdout  # the worker and its team's thread
     if os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1":

@@ -117,7 +117,7 @@ OPENREG_API const char* orGetErrorName(orError_t error);
  * environment and orErrorInitializedInParent in a forked child. */
 OPENREG_API orError_t orInit(void);
 /* Why initialisation failed: the setting that is wrong ("OPENREG_DRIVER='x'
- * is not 'thread' ... or 'process' ...") or the step that failed; "" when it
+ * is not 'process' ... or 'thread' ...") or the step that failed; "" when it
  * did not fail, or has not run yet. At most size - 1 characters,
  * NUL-terminated. Errors: orErrorInvalidValue (message NULL with size > 0). */
 OPENREG_API orError_t orGetInitErrorMessage(char* message, size_t size);

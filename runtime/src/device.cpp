@@ -160,7 +160,7 @@ struct Config {
   orError_t status = orErrorInitializationError;
   int count = kDefaultDeviceCount;
   size_t capacity = kDefaultCapacity;
-  bool process = false;           // OPENREG_DRIVER=process
+  bool process = true;            // OPENREG_DRIVER: process (default), thread
   int64_t kernel_timeout_ns = 0;  // OPENREG_KERNEL_TIMEOUT, 0: off
   std::string message;            // why status is not orSuccess
 };
@@ -204,14 +204,17 @@ const Config& config() {
         return c;
       }
     }
+    // Each device a process of its own by default: a device with memory
+    // and a crash of its own, as real hardware (docs/process-driver.md,
+    // "Which driver is the default").
     if (const char* env = std::getenv("OPENREG_DRIVER")) {
-      if (std::strcmp(env, "process") == 0) {
-        c.process = true;
-      } else if (std::strcmp(env, "thread") != 0 && *env != '\0') {
+      if (std::strcmp(env, "thread") == 0) {
+        c.process = false;
+      } else if (std::strcmp(env, "process") != 0 && *env != '\0') {
         bad_setting(c,
-                    "OPENREG_DRIVER='%s' is not 'thread' (each "
-                    "device a set of threads of this process, the default) "
-                    "or 'process' (each device a process of its own)",
+                    "OPENREG_DRIVER='%s' is not 'process' (each device a "
+                    "process of its own, the default) or 'thread' (each "
+                    "device a set of threads of this process)",
                     env);
         return c;
       }
