@@ -116,9 +116,14 @@ bench-runtime: test-runtime
 test-runtime-asan:
 	LSAN_OPTIONS=use_tls=0 $(MAKE) test-runtime SANITIZE=address,undefined BUILD_TYPE=Debug
 
+# Each script runs both drivers (issue 62); bench.py and bench_distributed.py
+# run the default (process) and write the thread driver's tables to
+# results/thread-driver/.
 bench: build bench-runtime
 	$(PY) benchmarks/bench.py
+	$(PY) benchmarks/bench.py --driver thread --out benchmarks/results/thread-driver
 	$(PY) benchmarks/bench_distributed.py
+	OPENREG_DRIVER=thread $(PY) benchmarks/bench_distributed.py --out benchmarks/results/thread-driver
 	$(PY) benchmarks/bench_compile.py
 	$(PY) benchmarks/bench_loops.py
 	$(PY) benchmarks/bench_process_driver.py

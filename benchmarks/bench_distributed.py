@@ -25,6 +25,12 @@ per-round medians; a ratio is the median of the per-round ratios, with their
 range. openreg computes on the host, so the ratio is the cost of the device
 layer: kernel views, the communication streams and their ordering.
 
+openreg runs with the environment's driver (``OPENREG_DRIVER``, process by
+default); ``make bench`` runs it once per driver. With the process driver
+Gloo works on pinned host copies of the device tensors (the device's memory
+is mapped only in its own process), with the thread driver on the device
+memory itself (docs/distributed.md).
+
 Usage: python benchmarks/bench_distributed.py [--quick] [--out DIR]
 Writes DIR/bench_distributed.json and DIR/bench_distributed.png.
 """
@@ -197,7 +203,8 @@ def plot(rows, path: Path) -> None:
             ax.axvline(r["goal"], ymin=i / len(rows), ymax=(i + 1) / len(rows), color="k", ls="--")
         ax.text(r["ratio"], i, f" {r['ratio']:.2f}", va="center")
     ax.set_xlabel("openreg / CPU (dashed: goal; gray: informative)")
-    ax.set_title("torch.distributed, 2 ranks, Gloo")
+    driver = os.environ.get("OPENREG_DRIVER") or "process"
+    ax.set_title(f"torch.distributed, 2 ranks, Gloo (OPENREG_DRIVER={driver})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -210,6 +217,8 @@ def main() -> int:
     args = parser.parse_args()
     steps = 6 if args.quick else 20
     rounds = args.rounds or (1 if args.quick else 5)
+    driver = os.environ.get("OPENREG_DRIVER") or "process"
+    print(f"OPENREG_DRIVER={driver}")
     per_side = {"cpu": [], "openreg": [], "cpu pinned": [], "openreg pinned": [], "paired": []}
     for _ in range(rounds):
         per_side["paired"].append(run_side("paired", steps, pinned=False))
@@ -300,6 +309,7 @@ def main() -> int:
         "machine": platform.platform(),
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
+        "driver": driver,
         "world_size": WORLD,
         "rounds": rounds,
         "steps": steps,
