@@ -4,7 +4,8 @@ Each device then runs in a process of its own: queued fallback calls cross
 to it as serialized boxed calls, synchronous ones (first runs) as described
 calls whose answer tells the host their results, and a device whose process
 dies is lost without taking the program with it. Every test runs a fresh
-interpreter with that driver (the suite itself runs with the thread driver)
+interpreter with that driver (the suite itself runs with the default one,
+the process driver since issue 62, and a slice of it with the thread driver)
 and compares values with the CPU. What the driver does not run yet raises NotImplementedError
 (docs/process-driver.md, "Where it stands").
 """
@@ -597,6 +598,25 @@ def test_a_compiled_kernel_that_faults_loses_the_device_only(py, tmp_path):
     assert error is not None and "SIGSEGV" in error, out
     assert "openreg_compiled_kernel' (bad_kernel)" in error, error
     assert out["other"] == [0.0, 2.0, 4.0, 6.0], out
+
+
+@pytest.mark.parametrize("setting", [None, "", "process", "thread"])
+def test_the_default_driver_is_the_process_driver(py, setting):
+    # Unset or empty: each device a process of its own (issue 62), as with
+    # OPENREG_DRIVER=process; =thread: no device process at all.
+    out = py(
+        DEVICE_PIDS
+        + """
+import torch
+x = torch.arange(6.0, device="openreg:1") * 2
+print(torch.openreg._named_kernels_only(), sorted(device_pids()), x.cpu().tolist())
+""",
+        OPENREG_DRIVER=setting,
+    )
+    assert out.returncode == 0, describe(out)
+    processes = setting != "thread"
+    expected = f"{processes} {[0, 1] if processes else []} [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]"
+    assert out.stdout.strip() == expected, describe(out)
 
 
 def test_crash_device_refuses_the_thread_driver():
