@@ -357,6 +357,64 @@ def test_collective_calls_do_not_wait_for_the_device(tmp_path, driver):
 
 
 # ---------------------------------------------------------------------------
+# Waiting for a collective does not make the host wait either: Work.wait()
+# and the future's wait() order the caller's stream after the collective
+# (as ProcessGroupNCCL's do on CUDA), so DDP's backward queues on while its
+# buckets are reduced. Rank 0 waits on its all_reduce before rank 1 has even
+# called it: a wait that blocked the host would never return. With the
+# process driver the collective is staged and its outputs copied back on the
+# group's completion stream behind a pinned semaphore the host sets when
+# Gloo has finished (orStreamWaitValue32); until issue 62 the waits blocked.
+
+
+def _waits_without_host_waits(rank, world):
+    d = _dev(rank)
+    store = dist.distributed_c10d._get_default_store()
+    x = (torch.arange(8.0) + 10 * rank).to(d)
+    # The group's first collective on a device checks, on the host, that no
+    # other rank uses it (NCCL's "Duplicate GPU detected"): both ranks.
+    dist.all_reduce(torch.zeros(1, device=d))
+    # An operator's first run with a signature runs synchronously (openreg
+    # learns its results' metadata from the device): warm both up.
+    _ = x * 2 + 1
+    torch.openreg.synchronize()
+    if rank == 0:
+        torch.openreg.set_sync_debug_mode("error")
+        try:
+            work = dist.all_reduce(x, async_op=True)
+            work.wait()
+            y = x * 2  # queued after the collective's copy-back
+            fut = dist.all_reduce(y, async_op=True).get_future()
+            fut.wait()
+            z = fut.value()[0] + 1
+            completed = work.is_completed()
+        finally:
+            torch.openreg.set_sync_debug_mode("default")
+        store.set("rank0_waited", "1")
+        assert not completed, "a collective completed before its peer called it"
+    else:
+        store.wait(["rank0_waited"], timedelta(seconds=60))
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        y = x * 2
+        dist.all_reduce(y)
+        z = y + 1
+    total = torch.arange(8.0) * 2 + 10
+    _check_close(x, total, "all_reduce")
+    _check_close(z, total * 4 + 1, "all_reduce of its double, plus one")
+    work.wait()
+    assert work.is_completed()
+    return True
+
+
+@pytest.mark.parametrize("driver", ["thread", "process"])
+def test_waiting_for_a_collective_does_not_wait_for_it_on_the_host(tmp_path, driver):
+    assert run_ranks(
+        _waits_without_host_waits, tmp_path, env={"OPENREG_DRIVER": driver}, timeout=120
+    ) == [True, True]
+
+
+# ---------------------------------------------------------------------------
 # Training end to end: DDP, FSDP2, DTensor, each compared with one process
 # training on the whole batch on the CPU.
 

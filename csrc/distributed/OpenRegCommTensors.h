@@ -10,7 +10,8 @@
 //    device tensor is staged through pinned host memory, which the device
 //    copies to and from directly: copied in when the collective is called
 //    (after the work queued on the current stream), handed to Gloo, and the
-//    tensors the collective writes copied back when it has finished. This is
+//    tensors the collective writes copied back once it has finished (queued
+//    at the call behind a wait on a pinned semaphore the host sets). This is
 //    what ProcessGroupGloo does for CUDA tensors, and what a NIC without
 //    device-memory access needs. Neither copy makes the host wait.
 #pragma once
@@ -58,8 +59,8 @@ void copy_back(const std::vector<StagedTensor>& staged,
 // A host thread that runs tasks one at a time, in the order they are
 // posted: where a group's staged collectives are handed to Gloo once their
 // staging copies have run (as the thread driver's issue stream does), and
-// where they complete (wait for Gloo, copy the outputs back, complete the
-// future), in launch order, as the thread driver's completion stream does.
+// where they complete (wait for Gloo, then release the completion stream's
+// copy-back), in launch order, as the thread driver's completion stream does.
 // Started at the first task; the destructor runs the tasks left, then joins. A
 // task must not throw.
 class CompletionThread {

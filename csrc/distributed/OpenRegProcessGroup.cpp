@@ -3,11 +3,14 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -18,6 +21,7 @@
 #include "core/OpenRegFaults.h"
 #include "core/OpenRegFunctions.h"
 #include "distributed/OpenRegCommTensors.h"
+#include "memory/OpenRegAllocator.h"
 
 namespace openreg::distributed {
 
@@ -126,25 +130,30 @@ void wait_or_abort(const std::shared_ptr<CommState>& state,
 // [doc:c10d-work]
 class OpenRegWork final : public c10d::Work {
  public:
-  // `finish`, when given, is the host's end of a staged collective (see
-  // launch): it waits for Gloo and copies the outputs back, once.
+  // `finish`, when given, is the host's end of a staged point-to-point
+  // operation (see launch_staged): it waits for Gloo and copies the outputs
+  // back, once. `copied_back`, when given, is a staged collective's event
+  // on its completion stream, after its outputs are copied back.
   OpenRegWork(int rank, c10d::OpType op, std::string name,
               c10::DeviceIndex device, std::shared_ptr<CommState> state,
               std::vector<at::Tensor> outputs,
               c10::intrusive_ptr<c10::ivalue::Future> future,
-              std::function<void()> finish = nullptr)
+              std::function<void()> finish = nullptr,
+              std::shared_ptr<c10::Event> copied_back = nullptr)
       : c10d::Work(rank, op),
         name_(std::move(name)),
         device_(device),
         state_(std::move(state)),
         outputs_(std::move(outputs)),
         future_(std::move(future)),
-        finish_(std::move(finish)) {}
+        finish_(std::move(finish)),
+        copied_back_(std::move(copied_back)) {}
 
-  // A staged collective's future completes after its outputs are copied
-  // back; otherwise the future completes at launch.
+  // The future completes at launch; the collective is complete once Gloo
+  // has finished and, staged, its outputs are back on the device.
   bool isCompleted() override {
-    return state_->completed() && (!future_ || future_->completed());
+    return state_->completed() && (!future_ || future_->completed()) &&
+           (!copied_back_ || copied_back_->query());
   }
   bool isSuccess() const override {
     return state_->completed() && !state_->error() &&
@@ -156,10 +165,17 @@ class OpenRegWork final : public c10d::Work {
   // Orders the caller's current stream after the collective: a task on it
   // waits for the collective and re-raises its error there (raised at the
   // next synchronization of the stream, naming the collective).
-  // Staged: the host waits, copies back and raises the error itself.
+  // Staged: a collective's caller stream waits for its copy-back (the
+  // device was aborted before it runs if the collective failed); a
+  // point-to-point operation's host waits, copies back and raises the error
+  // itself.
   void synchronize() override {
     if (finish_) {
       std::call_once(finished_, finish_);
+      return;
+    }
+    if (copied_back_) {
+      copied_back_->block(getCurrentStream(device_).unwrap());
       return;
     }
     launch_async(device_, name_ + " (wait)",
@@ -198,6 +214,7 @@ class OpenRegWork final : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::function<void()> finish_;
   std::once_flag finished_;
+  std::shared_ptr<c10::Event> copied_back_;
 };
 // [/doc:c10d-work]
 
@@ -424,11 +441,17 @@ std::exception_ptr named_error(const std::string& op, std::exception_ptr e) {
 // current stream after its work). The caller does not wait for them: the
 // group's issue thread waits for an event recorded after them and then
 // calls Gloo, in launch order; Gloo's call returns at once, so collectives
-// still run side by side. When Gloo finishes a collective, the group's
-// completion thread, in launch order, queues the copies of its outputs back
-// to the device on the group's completion stream and completes the Work's
-// future, whose events order its waiters after those copies. A
-// point-to-point operation copies back in wait(), on the caller's stream.
+// still run side by side. The rest is queued at launch on the group's
+// completion stream: a wait on the group's pinned semaphore for this
+// collective's number (orStreamWaitValue32), the copies of its outputs back
+// to the device, and the future's events, so the future completes at
+// launch and nothing in the caller waits for the collective, as with the
+// thread driver (DDP's backward goes on while its buckets are reduced).
+// When Gloo has finished, the group's completion thread, in launch order,
+// writes the number (orHostWriteValue32), which releases the stream; if the
+// collective failed, it aborts the device first (abort_device), so nothing
+// computes from outputs that were never written. A point-to-point operation
+// copies back in wait(), on the caller's stream.
 c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch_staged(
     c10d::OpType op, const std::string& op_name, c10::DeviceIndex device,
     std::vector<StagedTensor> staged, std::vector<at::Tensor> outputs,
@@ -457,35 +480,60 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch_staged(
         getRank(), op, op_name, device, std::move(state), std::move(outputs),
         nullptr, std::move(finish));
   }
-  auto future = c10::make_intrusive<c10::ivalue::Future>(
-      c10::ListType::create(c10::TensorType::get()),
-      std::vector<c10::Device>{
-          c10::Device(c10::DeviceType::PrivateUse1, device)});
   const c10::Stream completion =
       getReservedStream(device, ReservedStream::kCollectiveCompletion,
                         completion_index_)
           .unwrap();
-  staged_completions_->post([state, future, op_name, staged = std::move(staged),
-                             outputs, completion, device, rank = getRank()] {
+  auto future = c10::make_intrusive<c10::ivalue::Future>(
+      c10::ListType::create(c10::TensorType::get()),
+      std::vector<c10::Device>{
+          c10::Device(c10::DeviceType::PrivateUse1, device)});
+  auto copied_back = std::make_shared<c10::Event>(c10::DeviceType::PrivateUse1);
+  std::lock_guard<std::mutex> lock(staged_mu_);  // numbers posts in order
+  if (!staged_finished_.defined()) {
+    staged_finished_ = at::zeros(
+        {1}, at::TensorOptions(at::kInt).pinned_memory(true));
+  }
+  void* word = staged_finished_.data_ptr();
+  const uint32_t number = ++staged_launched_;
+  {
+    // On the completion stream, queued now: wait until Gloo has finished
+    // this collective (the completion thread's signal), copy its outputs
+    // back, then the future's events and the Work's.
+    const c10::StreamGuard on_completion(completion);
+    const orStream_t native = getCurrentStream(device).native();
+    OPENREG_CHECK(orStreamWaitValue32(native, word, number, 0));
+    // The word is not reused before the wait has passed.
+    host_allocator()->record_event(
+        word, staged_finished_.storage().data_ptr().get_context(), completion);
+    copy_back(staged, outputs);
+    future->markCompleted(c10::IValue(outputs));
+    copied_back->record(completion);
+  }
+  staged_completions_->post([state, word, number, op_name,
+                             staged = std::move(staged), device,
+                             rank = getRank()] {
     try {
       state->wait();
-      const c10::StreamGuard on_completion(completion);
-      copy_back(staged, outputs);
-      future->markCompleted(c10::IValue(outputs));
     } catch (...) {
-      const std::exception_ptr error = std::current_exception();
-      abort_device(device, rank, op_name, error);
-      future->setError(named_error(op_name, error));
+      // The copy-back and everything after it on the device must not run
+      // as if the collective had finished: the device is unusable first.
+      abort_device(device, rank, op_name, std::current_exception());
+    }
+    // Releases the completion stream (the pinned copies Gloo wrote are then
+    // copied back, or the device is aborted). It cannot fail (the word is
+    // this group's pinned memory); if it did, the stream would wait forever,
+    // so the process stops with the reason rather than hang.
+    const orError_t err = orHostWriteValue32(word, number);
+    if (err != orSuccess) {
+      std::fprintf(stderr, "openreg: orHostWriteValue32 failed: %s\n",
+                   orGetErrorString(err));
+      std::abort();
     }
   });
   return c10::make_intrusive<OpenRegWork>(
       getRank(), op, op_name, device, std::move(state), std::move(outputs),
-      future, [future] {
-        future->wait();
-        if (future->hasError()) {
-          std::rethrow_exception(future->exception_ptr());
-        }
-      });
+      std::move(future), nullptr, std::move(copied_back));
 }
 // [/doc:c10d-launch-staged]
 

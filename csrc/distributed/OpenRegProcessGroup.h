@@ -174,6 +174,15 @@ class ProcessGroupOpenReg final : public c10d::Backend {
   // stream of this index (groups take them in turn, see the constructor).
   const int completion_index_;
   std::chrono::milliseconds timeout_;
+  // The staged collectives' semaphore (launch_staged): the host numbers
+  // them at launch, the completion thread writes into this pinned int32 the
+  // number of the last one Gloo has finished, and each one's work on the
+  // completion stream waits until the word reaches its number
+  // (orStreamWaitValue32). Declared before the completion thread, so it
+  // outlives the thread's last writes.
+  std::mutex staged_mu_;  // guards the two below, and numbers posts in order
+  at::Tensor staged_finished_;
+  uint32_t staged_launched_ = 0;
   // Where staged collectives complete (launch_staged), in launch order.
   std::unique_ptr<CompletionThread> staged_completions_;
   // Where staged collectives are handed to Gloo, in launch order. Declared

@@ -356,6 +356,28 @@ OPENREG_API orError_t orStreamSynchronize(orStream_t stream);
  * event may belong to another device. */
 OPENREG_API orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event);
 
+/* Stream memory operations (CUDA's cuStreamWaitValue32 model): a semaphore
+ * in pinned host memory that the host, or any thread, sets and a stream
+ * waits on, for work whose end the device cannot see (a collective run by
+ * the host's network library, data arriving from elsewhere).
+ *
+ * orStreamWaitValue32: work enqueued on stream after this call waits until
+ * the 32-bit word at addr satisfies (int32_t)(*addr - value) >= 0 (CUDA's
+ * CU_STREAM_WAIT_VALUE_GEQ: "at least value", modulo 2^32, so a counter may
+ * wrap). addr lies in memory from orMallocHost, 4-byte aligned, and must
+ * stay allocated until the wait has passed. flags must be 0. The call does
+ * not look at the word; nothing before it on stream is affected, and a wait
+ * that is never satisfied holds the stream forever (as on CUDA). Errors:
+ * orErrorInvalidValue (addr NULL, not pinned or misaligned; flags nonzero).
+ *
+ * orHostWriteValue32: stores value into the word at addr (release order, so
+ * what the host wrote before is visible to the work after the wait) and
+ * wakes the streams waiting on it at once. A plain store to the word is
+ * seen as well, within about a millisecond. Errors as above. */
+OPENREG_API orError_t orStreamWaitValue32(orStream_t stream, void* addr,
+                                          uint32_t value, unsigned int flags);
+OPENREG_API orError_t orHostWriteValue32(void* addr, uint32_t value);
+
 /* A kernel: it runs on the stream's worker thread in stream order. It
  * returns 0 on success; a nonzero return marks a launch failure that the
  * next synchronisation of the stream (or device) reports. */

@@ -243,6 +243,23 @@ void run_command(Ring& ring, const Slot& slot) {
       }
       return;
     }
+    case kWaitValue: {
+      // The host checked that the word is pinned memory, which this process
+      // maps too; the host's orHostWriteValue32 wakes the shared futex.
+      const auto* word = static_cast<const uint32_t*>(translate_address(h.a));
+      if (word == nullptr) {
+        record_error(ring, orErrorInvalidValue, "wait on a value outside pinned memory");
+        return;
+      }
+      const auto value = static_cast<uint32_t>(h.b);
+      for (;;) {
+        const uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+        if (value_reached(seen, value)) {
+          return;
+        }
+        futex_wait(word, seen, kValuePollMs);
+      }
+    }
     default:
       record_error(ring, orErrorInvalidValue, "unknown command");
   }
@@ -367,9 +384,16 @@ void run_worker(int index) {
       continue;
     }
     spun = false;
-    const uint64_t begin = g_team_spin_hint != nullptr ? now_ns() : 0;
-    run_command(ring, ring.slots[head % kRingSlots]);
-    if (g_team_spin_hint != nullptr) {
+    const Slot& slot = ring.slots[head % kRingSlots];
+    // A wait (for an event, for a value the host sets) is not work: a
+    // stream blocked behind a collective would count as busy and keep the
+    // team spinning while the host and the network library need the cores.
+    const bool counts = g_team_spin_hint != nullptr &&
+                        slot.h.command != kEventWait &&
+                        slot.h.command != kWaitValue;
+    const uint64_t begin = counts ? now_ns() : 0;
+    run_command(ring, slot);
+    if (counts) {
       window.ran(begin, now_ns());
     }
     ++head;

@@ -2,6 +2,7 @@
 #include <chrono>
 #include <set>
 
+#include "process_protocol.h"
 #include "runtime_internal.h"
 
 using namespace openreg_rt;
@@ -70,6 +71,18 @@ void complete_events_of(Device* dev) {
 }
 
 }  // namespace openreg_rt
+
+namespace {
+
+// A word orStreamWaitValue32 may wait on: 4-byte aligned pinned host memory,
+// which every device (process) can read.
+bool is_value_word(const void* addr) {
+  return addr != nullptr &&
+         reinterpret_cast<uintptr_t>(addr) % alignof(uint32_t) == 0 &&
+         openreg_rt::host_range_is_pinned(addr, sizeof(uint32_t));
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -267,6 +280,46 @@ orError_t orStreamWaitEvent(orStream_t stream, orEvent_t event) {
     st->cv.wait(lock, [&] { return st->done_locked(target); });
   });
 }
+
+// [doc:stream-wait-value]
+orError_t orStreamWaitValue32(orStream_t stream, void* addr, uint32_t value,
+                              unsigned int flags) {
+  OR_RETURN_IF_ERROR(ensure_init());
+  if (flags != 0 || !is_value_word(addr)) {
+    return orErrorInvalidValue;
+  }
+  if (stream == nullptr) {
+    stream = device_at(current_device())->default_stream;
+  }
+  if (process_driver()) {
+    return proc::wait_value(stream, addr, value);
+  }
+  auto* word = static_cast<uint32_t*>(addr);
+  return stream->enqueue([word, value, dev = stream->device()] {
+    // A lost device runs nothing more: its waits end.
+    for (;;) {
+      const uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+      if (openreg_proc::value_reached(seen, value) ||
+          dev->lost.load(std::memory_order_acquire)) {
+        return;
+      }
+      openreg_proc::futex_wait(word, seen, openreg_proc::kValuePollMs);
+    }
+  });
+}
+
+orError_t orHostWriteValue32(void* addr, uint32_t value) {
+  OR_RETURN_IF_ERROR(ensure_init());
+  if (!is_value_word(addr)) {
+    return orErrorInvalidValue;
+  }
+  __atomic_store_n(static_cast<uint32_t*>(addr), value, __ATOMIC_RELEASE);
+  // Pinned memory is shared with the device processes (the process
+  // driver): a shared futex wakes their waiting workers too.
+  openreg_proc::futex_wake(addr);
+  return orSuccess;
+}
+// [/doc:stream-wait-value]
 
 orError_t orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end) {
   if (ms == nullptr) {

@@ -60,6 +60,7 @@ enum Command : uint32_t {
   kMemset = 3,       // a = dst, b = value, c = bytes
   kEventRecord = 4,  // a = event slot, b = generation
   kEventWait = 5,    // a = event slot, b = generation
+  kWaitValue = 6,    // a = pinned host address, b = value (orStreamWaitValue32)
 };
 
 struct SlotHeader {
@@ -184,5 +185,14 @@ inline void futex_wait_untimed(const void* word, uint32_t expected) {
 inline void futex_wake(const void* word) {
   syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
+
+// orStreamWaitValue32's condition (CU_STREAM_WAIT_VALUE_GEQ): `word` is at
+// least `value`, modulo 2^32.
+inline bool value_reached(uint32_t word, uint32_t value) {
+  return static_cast<int32_t>(word - value) >= 0;
+}
+// How long a stream waiting on a value sleeps before it reads the word again
+// when no wake-up comes (the host stored it without orHostWriteValue32).
+constexpr long kValuePollMs = 1;
 
 }  // namespace openreg_proc

@@ -463,6 +463,14 @@ orError_t event_wait(orStream* stream, int slot, uint64_t generation) {
   return push(stream, h, nullptr, 0);
 }
 
+orError_t wait_value(orStream* stream, const void* addr, uint32_t value) {
+  SlotHeader h{};
+  h.command = kWaitValue;
+  h.a = reinterpret_cast<uint64_t>(addr);
+  h.b = value;
+  return push(stream, h, nullptr, 0);
+}
+
 uint64_t event_completed(int slot) {
   return shared().events->slots[slot].completed.load(std::memory_order_acquire);
 }

@@ -232,6 +232,8 @@ orError_t wait_ticket(Device* dev, int ring, uint64_t ticket,
                       bool interruptible);
 orError_t event_wait(Stream* stream, int slot, uint64_t generation);
 uint64_t event_completed(int slot);
+// orStreamWaitValue32 for a device process (the word is pinned memory).
+orError_t wait_value(Stream* stream, const void* addr, uint32_t value);
 uint64_t event_timestamp_ns(int slot);
 void event_force_complete(int slot, uint64_t generation);
 orError_t kill_device(Device* dev, const char* reason);

@@ -78,6 +78,11 @@
   X(orError_t, orStreamSynchronize, (orStream_t stream), (stream))             \
   X(orError_t, orStreamWaitEvent, (orStream_t stream, orEvent_t event),        \
     (stream, event))                                                           \
+  X(orError_t, orStreamWaitValue32,                                            \
+    (orStream_t stream, void* addr, uint32_t value, unsigned int flags),       \
+    (stream, addr, value, flags))                                              \
+  X(orError_t, orHostWriteValue32, (void* addr, uint32_t value),               \
+    (addr, value))                                                             \
   X(orError_t, orLaunchKernel,                                                 \
     (orStream_t stream, orKernelFn fn, void* user_data),                       \
     (stream, fn, user_data))                                                   \

@@ -8,6 +8,7 @@
 
 namespace {
 
+using openreg_test::DeviceBuffer;
 using openreg_test::EventHandle;
 using openreg_test::Gate;
 using openreg_test::RuntimeTest;
@@ -372,6 +373,91 @@ TEST_F(EventTest, DestroyWithRecordStillPending) {
   OR_ASSERT_OK(orEventDestroy(event));  // the queued record outlives it
   gate.Open();
   OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+}
+
+// orStreamWaitValue32 / orHostWriteValue32: a stream waits on a word in
+// pinned host memory that the host sets (cuStreamWaitValue32's model). Only
+// copies and memsets run on the stream, so every driver runs these.
+class StreamValueTest : public RuntimeTest {
+ protected:
+  void SetUp() override {
+    RuntimeTest::SetUp();
+    ASSERT_EQ(orSuccess, orMallocHost(&pinned_, 64));
+    word_ = static_cast<uint32_t*>(pinned_);
+    out_ = word_ + 1;
+    *word_ = 0;
+    *out_ = 0;
+    OR_ASSERT_OK(orMemset(sevens_.get(), 7, sizeof(uint32_t)));
+  }
+  void TearDown() override {
+    EXPECT_EQ(orSuccess, orFreeHost(pinned_));
+    RuntimeTest::TearDown();
+  }
+  // Queues on `stream` a copy of 0x07070707 from the device into out_.
+  void QueueCopyOfSevens(orStream_t stream) {
+    OR_ASSERT_OK(orMemcpyAsync(out_, sevens_.get(), sizeof(uint32_t),
+                               orMemcpyDeviceToHost, stream));
+  }
+
+  char* pinned_bytes() const { return static_cast<char*>(pinned_); }
+
+  void* pinned_ = nullptr;
+  uint32_t* word_ = nullptr;
+  uint32_t* out_ = nullptr;
+  DeviceBuffer sevens_{sizeof(uint32_t)};
+};
+
+TEST_F(StreamValueTest, WorkAfterTheWaitRunsOnceTheHostWritesTheValue) {
+  StreamHandle stream;
+  OR_ASSERT_OK(orStreamWaitValue32(stream.get(), word_, 3, 0));
+  QueueCopyOfSevens(stream.get());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(orErrorNotReady, orStreamQuery(stream.get()));
+  EXPECT_EQ(0u, __atomic_load_n(out_, __ATOMIC_ACQUIRE));
+  OR_ASSERT_OK(orHostWriteValue32(word_, 2));  // below 3: still waiting
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(orErrorNotReady, orStreamQuery(stream.get()));
+  OR_ASSERT_OK(orHostWriteValue32(word_, 3));
+  OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+  EXPECT_EQ(0x07070707u, *out_);
+}
+
+TEST_F(StreamValueTest, APlainStoreReleasesTheDefaultStreamToo) {
+  OR_ASSERT_OK(orStreamWaitValue32(nullptr, word_, 1, 0));
+  QueueCopyOfSevens(nullptr);
+  __atomic_store_n(word_, 5u, __ATOMIC_RELEASE);  // at least 1
+  OR_ASSERT_OK(orDeviceSynchronize());
+  EXPECT_EQ(0x07070707u, *out_);
+}
+
+TEST_F(StreamValueTest, AtLeastIsModulo2To32) {
+  StreamHandle stream;
+  // 0 is 16 past 0xfffffff0 (a counter that wrapped): satisfied at once.
+  OR_ASSERT_OK(orStreamWaitValue32(stream.get(), word_, 0xfffffff0u, 0));
+  OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+  // 0x80000000 is at least 1 (the difference 0x7fffffff is positive as an
+  // int32), and not at least 0x80000001 (-1).
+  OR_ASSERT_OK(orHostWriteValue32(word_, 0x80000000u));
+  OR_ASSERT_OK(orStreamWaitValue32(stream.get(), word_, 1, 0));
+  OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+  OR_ASSERT_OK(orStreamWaitValue32(stream.get(), word_, 0x80000001u, 0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(orErrorNotReady, orStreamQuery(stream.get()));
+  OR_ASSERT_OK(orHostWriteValue32(word_, 0x80000001u));
+  OR_ASSERT_OK(orStreamSynchronize(stream.get()));
+}
+
+TEST_F(StreamValueTest, AWordOutsidePinnedMemoryOrAFlagIsInvalidValue) {
+  uint32_t pageable = 0;
+  DeviceBuffer device(sizeof(uint32_t));
+  for (void* bad : {static_cast<void*>(nullptr), static_cast<void*>(&pageable),
+                    device.get(), static_cast<void*>(pinned_bytes() + 1)}) {
+    SCOPED_TRACE(bad);
+    EXPECT_EQ(orErrorInvalidValue, orStreamWaitValue32(nullptr, bad, 1, 0));
+    EXPECT_EQ(orErrorInvalidValue, orHostWriteValue32(bad, 1));
+  }
+  EXPECT_EQ(orErrorInvalidValue, orStreamWaitValue32(nullptr, word_, 1, 1));
+  EXPECT_EQ(0u, *word_);
 }
 
 }  // namespace
