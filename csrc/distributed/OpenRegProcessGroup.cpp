@@ -491,8 +491,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupOpenReg::launch_staged(
   auto copied_back = std::make_shared<c10::Event>(c10::DeviceType::PrivateUse1);
   std::lock_guard<std::mutex> lock(staged_mu_);  // numbers posts in order
   if (!staged_finished_.defined()) {
-    staged_finished_ = at::zeros(
-        {1}, at::TensorOptions(at::kInt).pinned_memory(true));
+    staged_finished_ =
+        at::zeros({1}, at::TensorOptions(at::kInt).pinned_memory(true));
   }
   void* word = staged_finished_.data_ptr();
   const uint32_t number = ++staged_launched_;

@@ -248,7 +248,8 @@ void run_command(Ring& ring, const Slot& slot) {
       // maps too; the host's orHostWriteValue32 wakes the shared futex.
       const auto* word = static_cast<const uint32_t*>(translate_address(h.a));
       if (word == nullptr) {
-        record_error(ring, orErrorInvalidValue, "wait on a value outside pinned memory");
+        record_error(ring, orErrorInvalidValue,
+                     "wait on a value outside pinned memory");
         return;
       }
       const auto value = static_cast<uint32_t>(h.b);
