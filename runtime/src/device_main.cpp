@@ -244,8 +244,7 @@ void run_command(Ring& ring, const Slot& slot) {
       return;
     }
     case kWaitValue: {
-      // The host checked that the word is pinned memory, which this process
-      // maps too; the host's orHostWriteValue32 wakes the shared futex.
+      // Pinned memory (the host checked), woken by orHostWriteValue32.
       const auto* word = static_cast<const uint32_t*>(translate_address(h.a));
       if (word == nullptr) {
         record_error(ring, orErrorInvalidValue,
@@ -386,9 +385,8 @@ void run_worker(int index) {
     }
     spun = false;
     const Slot& slot = ring.slots[head % kRingSlots];
-    // A wait (for an event, for a value the host sets) is not work: a
-    // stream blocked behind a collective would count as busy and keep the
-    // team spinning while the host and the network library need the cores.
+    // A wait (event, host value) is not work: counted, a stream blocked
+    // behind a collective kept the team spinning (docs/event.md).
     const bool counts = g_team_spin_hint != nullptr &&
                         slot.h.command != kEventWait &&
                         slot.h.command != kWaitValue;
