@@ -31,6 +31,7 @@ target_sources(openreg_C PRIVATE
 target_sources(openreg_device_code PRIVATE
   engine/kernels/OpenRegBoxedCall.cpp
   engine/kernels/OpenRegCallAnswer.cpp
+  engine/kernels/OpenRegCpuMath.cpp
   engine/kernels/OpenRegCustomOpKernels.cpp
   engine/kernels/OpenRegDropout.cpp
   engine/kernels/OpenRegParallel.cpp
