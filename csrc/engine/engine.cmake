@@ -8,6 +8,7 @@ target_sources(openreg_C PRIVATE
   engine/OpenRegViewCopy.cpp
   engine/fallback/OpenRegCallEncoder.cpp
   engine/fallback/OpenRegCapture.cpp
+  engine/fallback/OpenRegDescribedAnswer.cpp
   engine/fallback/OpenRegDescribedCall.cpp
   engine/fallback/OpenRegDeviceAssert.cpp
   engine/fallback/OpenRegFallback.cpp

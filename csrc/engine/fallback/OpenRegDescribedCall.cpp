@@ -30,6 +30,7 @@
 #include "core/OpenRegStream.h"
 #include "core/OpenRegSynchronize.h"
 #include "engine/fallback/OpenRegCallEncoder.h"
+#include "engine/fallback/OpenRegDescribedAnswer.h"
 #include "engine/fallback/OpenRegDeviceAssert.h"
 #include "engine/fallback/OpenRegLaunchPlan.h"
 #include "engine/fallback/OpenRegReservedResults.h"
@@ -40,170 +41,6 @@ namespace openreg {
 
 namespace {
 
-// An answer's room: the header, the warnings and a few thousand tensors.
-constexpr size_t kAnswerBytes = size_t{1} << 20;
-
-// A pinned host buffer for one answer (the device writes it, the host reads
-// it after the synchronization), leased from a pool: first runs happen on
-// any thread, a few at a time.
-class AnswerBuffer {
- public:
-  AnswerBuffer() {
-    {
-      const std::lock_guard<std::mutex> lock(mutex());
-      if (!pool().empty()) {
-        data_ = pool().back();
-        pool().pop_back();
-      }
-    }
-    if (data_ == nullptr) {
-      void* p = nullptr;
-      OPENREG_CHECK(orMallocHost(&p, kAnswerBytes));
-      data_ = static_cast<uint8_t*>(p);
-    }
-    std::memset(data_, 0, sizeof(call::AnswerHeader));
-  }
-  ~AnswerBuffer() {
-    if (abandoned_) {
-      return;  // the device may still write it: never reused
-    }
-    const std::lock_guard<std::mutex> lock(mutex());
-    pool().push_back(data_);
-  }
-  // The host stopped waiting for the answer before the device gave it (the
-  // user's Ctrl-C): the buffer is left to the device.
-  void abandon() { abandoned_ = true; }
-  AnswerBuffer(const AnswerBuffer&) = delete;
-  AnswerBuffer& operator=(const AnswerBuffer&) = delete;
-
-  uint8_t* data() const { return data_; }
-
- private:
-  static std::mutex& mutex() {
-    static std::mutex m;
-    return m;
-  }
-  static std::vector<uint8_t*>& pool() {
-    static auto* p = new std::vector<uint8_t*>();  // kept until exit
-    return *p;
-  }
-  uint8_t* data_ = nullptr;
-  bool abandoned_ = false;
-};
-
-// openreg_take_results only copies bytes, on the worker alone: no OpenMP
-// team (the launch's `elements`, OpenRegLaunch.h).
-constexpr int64_t kCopiesOnly = 0;
-
-// The device keeps a described call's new memory until the host takes it:
-// on every way out that does not take it (an error, an allocation that
-// fails), the device is told to drop it.
-class KeptOnDevice {
- public:
-  KeptOnDevice(c10::DeviceIndex device, uint64_t token)
-      : device_(device), token_(token) {}
-  ~KeptOnDevice() {
-    if (!armed_) {
-      return;
-    }
-    try {
-      const call::TakeResultsParams p{token_, 0};
-      launch_function(device_, "openreg_take_results",
-                      named_kernel(NamedKernel::kTakeResults), &p, sizeof(p),
-                      kCopiesOnly);
-    } catch (const std::exception&) {
-      // The device is lost or failing: what it kept goes with it, or with
-      // the next call of this token.
-    }
-  }
-  KeptOnDevice(const KeptOnDevice&) = delete;
-  KeptOnDevice& operator=(const KeptOnDevice&) = delete;
-
-  // The results go into `addresses` (device blocks), in stream order.
-  void take(c10::ArrayRef<uint64_t> addresses) {
-    std::vector<uint8_t> params(sizeof(call::TakeResultsParams) +
-                                addresses.size() * sizeof(uint64_t));
-    const call::TakeResultsParams p{token_, addresses.size()};
-    std::memcpy(params.data(), &p, sizeof(p));
-    std::memcpy(params.data() + sizeof(p), addresses.data(),
-                addresses.size() * sizeof(uint64_t));
-    launch_function(device_, "openreg_take_results",
-                    named_kernel(NamedKernel::kTakeResults), params.data(),
-                    params.size(), kCopiesOnly);
-    armed_ = false;
-  }
-  void nothing_kept() { armed_ = false; }
-
- private:
-  c10::DeviceIndex device_;
-  uint64_t token_;
-  bool armed_ = true;
-};
-
-// Raises a failure of the device's CPU kernel with its own class, as the
-// CPU would have.
-[[noreturn]] void raise(call::ErrorKind kind, std::string what) {
-  const c10::SourceLocation where{__func__, __FILE__, __LINE__};
-  switch (kind) {
-    case call::ErrorKind::kIndex:
-      throw c10::IndexError(where, std::move(what));
-    case call::ErrorKind::kValue:
-      throw c10::ValueError(where, std::move(what));
-    case call::ErrorKind::kType:
-      throw c10::TypeError(where, std::move(what));
-    case call::ErrorKind::kNotImplemented:
-      throw c10::NotImplementedError(where, std::move(what));
-    case call::ErrorKind::kLinAlg:
-      throw c10::LinAlgError(where, std::move(what));
-    case call::ErrorKind::kOutOfMemory:
-      throw c10::OutOfMemoryError(where, std::move(what));
-    case call::ErrorKind::kEnforceFinite:
-      throw c10::EnforceFiniteError(where, std::move(what));
-    default:
-      throw c10::Error(where, std::move(what));
-  }
-}
-
-std::string text(call::Reader& r) {
-  const auto n = r.get<uint32_t>();
-  return std::string(reinterpret_cast<const char*>(r.take(n)), n);
-}
-
-// A source location's strings for the life of the process (a warning
-// keeps pointers to them); a few hundred files at most.
-const char* interned(const std::string& s) {
-  static std::mutex mutex;
-  static auto* strings = new std::unordered_set<std::string>();
-  const std::lock_guard<std::mutex> lock(mutex);
-  return strings->insert(s).first->c_str();
-}
-
-struct TensorDesc {
-  call::TensorAnswer rec{};
-  c10::SmallVector<int64_t, 5> sizes;
-  c10::SmallVector<int64_t, 5> strides;
-};
-
-TensorDesc tensor_desc(call::Reader& r) {
-  TensorDesc d;
-  d.rec = r.get<call::TensorAnswer>();
-  if (d.rec.where == call::Where::kUndefined) {
-    return d;
-  }
-  TORCH_INTERNAL_ASSERT(
-      d.rec.dtype < static_cast<uint8_t>(c10::ScalarType::NumOptions),
-      "openreg: an answer names dtype ", static_cast<int>(d.rec.dtype));
-  d.sizes.resize(d.rec.ndim);
-  d.strides.resize(d.rec.ndim);
-  for (int64_t& s : d.sizes) {
-    s = r.get<int64_t>();
-  }
-  for (int64_t& s : d.strides) {
-    s = r.get<int64_t>();
-  }
-  return d;
-}
-
 bool writes_anything(const OpTraits& traits) {
   for (bool w : traits.writes) {
     if (w) {
@@ -212,10 +49,6 @@ bool writes_anything(const OpTraits& traits) {
   }
   return false;
 }
-
-}  // namespace
-
-namespace {
 
 std::mutex& lacking_mutex() {
   static std::mutex m;
@@ -400,20 +233,7 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
         " bytes, more than the ", kAnswerBytes, " bytes it may have");
     return false;  // it changed nothing: run it staged
   }
-  std::vector<c10::Warning> warnings;
-  for (uint16_t i = 0; i < h.n_warnings; ++i) {
-    const bool deprecation = r.get<uint8_t>() != 0;
-    const bool verbatim = r.get<uint8_t>() != 0;
-    c10::Warning::warning_variant_t type = c10::UserWarning{};
-    if (deprecation) {
-      type = c10::DeprecationWarning{};
-    }
-    const auto line = r.get<uint32_t>();
-    const char* file = interned(text(r));
-    const char* function = interned(text(r));
-    warnings.emplace_back(type, c10::SourceLocation{function, file, line},
-                          text(r), verbatim);
-  }
+  std::vector<c10::Warning> warnings = read_warnings(r, h.n_warnings);
   if (h.status == call::AnswerStatus::kUnknownOperator) {
     kept.nothing_kept();
     const std::lock_guard<std::mutex> lock(lacking_mutex());
@@ -423,7 +243,7 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
   if (h.status != call::AnswerStatus::kDone) {
     kept.nothing_kept();
     const auto kind = r.get<call::ErrorKind>();
-    std::string what = text(r);
+    std::string what = read_text(r);
     if (h.status == call::AnswerStatus::kUnsupported) {
       TORCH_CHECK_NOT_IMPLEMENTED(
           !writes_anything(traits), "openreg: ", traits.display_name,
@@ -463,7 +283,7 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
       run->returned_view = true;  // never learnt: the device is unusable
       return true;
     }
-    raise(kind, std::move(what));
+    raise_device_error(kind, std::move(what));
   }
   for (const c10::Warning& w : warnings) {
     c10::warn(w);
@@ -567,7 +387,7 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
   // Written arguments take the metadata the kernel gave them.
   for (uint16_t i = 0; i < h.n_written; ++i) {
     const auto index = r.get<uint16_t>();
-    const TensorDesc d = tensor_desc(r);
+    const TensorDesc d = read_tensor_desc(r);
     TORCH_INTERNAL_ASSERT(index < tensors.size() &&
                           d.rec.where != call::Where::kUndefined);
     const at::Tensor& dev = tensors[index];
@@ -611,7 +431,7 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
       case call::Tag::kNone:
         break;
       case call::Tag::kTensor:
-        v = make_tensor(tensor_desc(r), in_place);
+        v = make_tensor(read_tensor_desc(r), in_place);
         break;
       case call::Tag::kBool:
         v = r.get<uint8_t>() != 0;
@@ -632,7 +452,7 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
         c10::List<at::Tensor> list;
         const auto n = r.get<uint32_t>();
         for (uint32_t k = 0; k < n; ++k) {
-          list.push_back(make_tensor(tensor_desc(r), in_place));
+          list.push_back(make_tensor(read_tensor_desc(r), in_place));
         }
         v = std::move(list);
         break;
