@@ -335,13 +335,13 @@ OPENREG_API orError_t orIpcCloseMemHandle(void* devPtr);
 
 /* Each device has a default stream (what NULL means) that always exists. */
 OPENREG_API orError_t orDeviceGetDefaultStream(int device, orStream_t* stream);
-/* Creates a stream on the current device with priority 0. */
+/* On the current device; priority 0, or clamped into its range as CUDA's. */
 OPENREG_API orError_t orStreamCreate(orStream_t* stream);
-/* priority is clamped into the device's range, as CUDA does. */
 OPENREG_API orError_t orStreamCreateWithPriority(orStream_t* stream,
                                                  int priority);
-/* Waits for the stream's queued work, then destroys it. Destroying a
- * default stream is orErrorInvalidResourceHandle. */
+/* Returns at once, as cudaStreamDestroy: queued work still runs (the device's
+ * synchronization waits for it, reports its failure), then the stream is
+ * freed. A default stream is orErrorInvalidResourceHandle. */
 OPENREG_API orError_t orStreamDestroy(orStream_t stream);
 OPENREG_API orError_t orStreamGetPriority(orStream_t stream, int* priority);
 OPENREG_API orError_t orStreamGetDevice(orStream_t stream, int* device);

@@ -465,19 +465,30 @@ orError_t orMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 orError_t orDeviceSynchronize(void) {
   OR_RETURN_IF_ERROR(ensure_init());
   Device* dev = device_at(t_current_device);
-  // Holding the registry lock keeps every stream alive while we wait; stream
-  // workers never take it, so this cannot deadlock.
-  std::lock_guard<std::mutex> lock(dev->streams_mutex);
-  const StreamsLocked locked;  // the watchdog reads the streams meanwhile
   orError_t first = orSuccess;
-  for (Stream* s : dev->streams) {
-    orError_t err = s->synchronize(/*interruptible=*/true);
-    if (err == orErrorInterrupted) {
-      return err;
+  {
+    // Holding the registry lock keeps every stream alive while we wait;
+    // stream workers never take it, so this cannot deadlock. The set holds
+    // the destroyed streams whose work has not finished too.
+    std::lock_guard<std::mutex> lock(dev->streams_mutex);
+    const StreamsLocked locked;  // the watchdog reads the streams meanwhile
+    for (Stream* s : dev->streams) {
+      orError_t err = s->synchronize(/*interruptible=*/true);
+      if (err == orErrorInterrupted) {
+        return err;
+      }
+      if (first == orSuccess) {
+        first = err;
+      }
     }
+  }
+  reap_destroyed_streams(dev);
+  {
+    std::lock_guard<std::mutex> lock(dev->streams_mutex);
     if (first == orSuccess) {
-      first = err;
+      first = dev->destroyed_error;
     }
+    dev->destroyed_error = orSuccess;
   }
   return first != orSuccess ? first : check_not_lost(dev);
 }

@@ -88,8 +88,13 @@ struct Device {
   uint64_t warnings_dropped = 0;
   std::atomic<bool> warnings_pending{false};  // set under warnings_mutex
 
-  std::mutex streams_mutex;          // guards `streams`
-  std::set<Stream*> streams;         // every live stream of the device
+  std::mutex streams_mutex;  // guards the three fields below
+  // Every live stream of the device, and the destroyed ones whose work has
+  // not finished (orStreamDestroy).
+  std::set<Stream*> streams;
+  // The first failure of a destroyed stream's work, found when the stream
+  // was freed; the next orDeviceSynchronize reports it.
+  orError_t destroyed_error = orSuccess;
   Stream* default_stream = nullptr;  // created with the device, never freed
 
   // The process driver's side of the device (process_driver.cpp), or
@@ -151,6 +156,9 @@ class StreamsLocked {
 // drops the device's queued work; the process driver ends the device
 // process. device.cpp.
 orError_t lose_device(Device* dev, const char* reason);
+// Frees the destroyed streams of `dev` whose work has finished, keeping the
+// first failure of that work in dev->destroyed_error. stream.cpp.
+void reap_destroyed_streams(Device* dev);
 
 // One host wait that may last. The waiting thread calls tick() after each
 // kWaitSlice it slept without the awaited progress; tick() says whether to
@@ -341,6 +349,10 @@ struct orStream {
 
   Device* device() const { return dev_; }
   int priority() const { return priority_; }
+  // orStreamDestroy was called while its work was queued: the stream stays
+  // in its device's set until that work has finished. Guarded by the
+  // device's streams_mutex.
+  bool destroyed = false;
   bool is_default() const { return is_default_; }
 
   // Appends work; returns at once (or when the ring has room again).

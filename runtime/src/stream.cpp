@@ -415,6 +415,39 @@ orError_t resolve(orStream_t* stream) {
 
 }  // namespace
 
+namespace openreg_rt {
+
+// See "stream-destroy" below.
+void reap_destroyed_streams(Device* dev) {
+  std::vector<orStream*> drained;
+  {
+    std::lock_guard<std::mutex> lock(dev->streams_mutex);
+    for (auto it = dev->streams.begin(); it != dev->streams.end();) {
+      if ((*it)->destroyed && (*it)->idle()) {
+        drained.push_back(*it);
+        it = dev->streams.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (orStream* stream : drained) {
+    const orError_t err = stream->synchronize();  // idle: at once
+    if (stream->proc_ring_ >= 0) {
+      proc::stream_destroy(stream);
+    }
+    if (err != orSuccess && err != orErrorDeviceLost) {
+      std::lock_guard<std::mutex> lock(dev->streams_mutex);
+      if (dev->destroyed_error == orSuccess) {
+        dev->destroyed_error = err;
+      }
+    }
+    delete stream;
+  }
+}
+
+}  // namespace openreg_rt
+
 extern "C" {
 
 orError_t orDeviceGetDefaultStream(int device, orStream_t* stream) {
@@ -442,7 +475,9 @@ orError_t orStreamCreateWithPriority(orStream_t* stream, int priority) {
   orDeviceGetStreamPriorityRange(&least, &greatest);
   priority = priority > least ? least : priority;
   priority = priority < greatest ? greatest : priority;
-  auto* created = new orStream(device_at(current_device()), priority, false);
+  Device* dev = device_at(current_device());
+  openreg_rt::reap_destroyed_streams(dev);
+  auto* created = new orStream(dev, priority, false);
   if (process_driver()) {
     orError_t err = proc::stream_create(created);
     if (err != orSuccess) {
@@ -462,17 +497,31 @@ orError_t orStreamCreate(orStream_t* stream) {
   return orStreamCreateWithPriority(stream, 0);
 }
 
+// [doc:stream-destroy]
+// As cudaStreamDestroy: a stream whose work has not finished is destroyed
+// for the caller at once, and its work still runs; the stream stays in its
+// device's set, so orDeviceSynchronize waits for that work and reports its
+// failure, and it is freed once the work has finished (the next stream
+// creation, destruction or device synchronization on the device looks). A
+// stream that is idle, or of a lost device, is freed here, and its pending
+// failure is returned.
 orError_t orStreamDestroy(orStream_t stream) {
   if (stream == nullptr || stream->is_default()) {
     return orErrorInvalidResourceHandle;
   }
   OR_RETURN_IF_ERROR(ensure_init());
+  Device* dev = stream->device();
+  openreg_rt::reap_destroyed_streams(dev);
+  if (!stream->idle() && !dev->lost.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(dev->streams_mutex);
+    stream->destroyed = true;
+    return orSuccess;
+  }
   orError_t err = stream->synchronize();
   if (stream->proc_ring_ >= 0) {
     proc::stream_destroy(stream);
   }
   {
-    Device* dev = stream->device();
     std::lock_guard<std::mutex> lock(dev->streams_mutex);
     dev->streams.erase(stream);
   }
@@ -484,6 +533,8 @@ orError_t orStreamDestroy(orStream_t stream) {
   delete stream;
   return err;
 }
+
+// [/doc:stream-destroy]
 
 orError_t orStreamGetPriority(orStream_t stream, int* priority) {
   if (priority == nullptr) {

@@ -430,6 +430,21 @@ TEST_F(StreamValueTest, APlainStoreReleasesTheDefaultStreamToo) {
   EXPECT_EQ(0x07070707u, *out_);
 }
 
+// A stream destroyed while it waits returns at once (cudaStreamDestroy);
+// its work runs when the value comes, and the device's synchronization
+// waits for it.
+TEST_F(StreamValueTest, DestroyingAWaitingStreamReturnsAtOnce) {
+  orStream_t stream = nullptr;
+  OR_ASSERT_OK(orStreamCreate(&stream));
+  OR_ASSERT_OK(orStreamWaitValue32(stream, word_, 1, 0));
+  QueueCopyOfSevens(stream);
+  OR_ASSERT_OK(orStreamDestroy(stream));
+  EXPECT_EQ(0u, __atomic_load_n(out_, __ATOMIC_ACQUIRE));
+  OR_ASSERT_OK(orHostWriteValue32(word_, 1));
+  OR_ASSERT_OK(orDeviceSynchronize());
+  EXPECT_EQ(0x07070707u, *out_);
+}
+
 TEST_F(StreamValueTest, AtLeastIsModulo2To32) {
   StreamHandle stream;
   // 0 is 16 past 0xfffffff0 (a counter that wrapped): satisfied at once.

@@ -317,14 +317,59 @@ TEST_F(StreamTest, DeviceSynchronizeIsPerDevice) {
   OR_EXPECT_OK(orDeviceSynchronize());
 }
 
-TEST_F(StreamTest, DestroyWaitsForQueuedWork) {
+// cudaStreamDestroy's model: the call returns at once, the queued work
+// still runs, and the device's synchronization waits for it.
+TEST_F(StreamTest, DestroyReturnsAtOnceAndTheQueuedWorkStillRuns) {
   OR_REQUIRE_HOST_KERNELS();
+  Gate gate;
   std::atomic<bool> done{false};
   orStream_t stream = nullptr;
   OR_ASSERT_OK(orStreamCreate(&stream));
+  OR_ASSERT_OK(orLaunchKernel(stream, Gate::Kernel, &gate));
   OR_ASSERT_OK(orLaunchKernel(stream, SetFlag, &done));
-  OR_ASSERT_OK(orStreamDestroy(stream));
+  gate.WaitEntered();
+  OR_ASSERT_OK(orStreamDestroy(stream));  // the gate is still closed
+  EXPECT_FALSE(done.load());
+  gate.Open();
+  OR_ASSERT_OK(orDeviceSynchronize());
   EXPECT_TRUE(done.load());
+  // Streams made and destroyed with work queued are freed as they drain.
+  for (int i = 0; i < 64; ++i) {
+    OR_ASSERT_OK(orStreamCreate(&stream));
+    OR_ASSERT_OK(orLaunchKernel(stream, SetFlag, &done));
+    OR_ASSERT_OK(orStreamDestroy(stream));
+  }
+  OR_ASSERT_OK(orDeviceSynchronize());
+}
+
+// The failure of a destroyed stream's work is the next device
+// synchronization's, once.
+TEST_F(StreamTest, AFailureAfterDestroyIsTheDeviceSynchronizations) {
+  OR_REQUIRE_HOST_KERNELS();
+  Gate gate;
+  orStream_t stream = nullptr;
+  OR_ASSERT_OK(orStreamCreate(&stream));
+  OR_ASSERT_OK(orLaunchKernel(stream, Gate::Kernel, &gate));
+  OR_ASSERT_OK(orLaunchKernel(stream, FailingKernel, nullptr));
+  gate.WaitEntered();
+  OR_ASSERT_OK(orStreamDestroy(stream));
+  gate.Open();
+  EXPECT_EQ(orErrorLaunchFailure, orDeviceSynchronize());
+  OR_EXPECT_OK(orDeviceSynchronize());
+  // Also when the stream was freed first, by a later creation.
+  orEvent_t drained = nullptr;
+  OR_ASSERT_OK(orEventCreate(&drained));
+  OR_ASSERT_OK(orStreamCreate(&stream));
+  OR_ASSERT_OK(orLaunchKernel(stream, FailingKernel, nullptr));
+  OR_ASSERT_OK(orEventRecord(drained, stream));
+  OR_ASSERT_OK(orStreamDestroy(stream));
+  (void)orEventSynchronize(drained);  // the stream has drained
+  OR_ASSERT_OK(orEventDestroy(drained));
+  orStream_t later = nullptr;
+  OR_ASSERT_OK(orStreamCreate(&later));  // frees the drained stream
+  OR_ASSERT_OK(orStreamDestroy(later));
+  EXPECT_EQ(orErrorLaunchFailure, orDeviceSynchronize());
+  OR_EXPECT_OK(orDeviceSynchronize());
 }
 
 TEST_F(StreamTest, ManyStreamsCreatedAndDestroyed) {
