@@ -90,7 +90,7 @@ test-runtime: setup
 THREAD_SLICE := tests/test_ops.py tests/test_copy.py tests/test_opinfo_slice.py \
 	tests/test_async.py tests/test_faults.py tests/test_launch_stats.py \
 	tests/test_memory_allocator.py tests/test_memory_isolation.py \
-	tests/test_process_driver.py
+	tests/test_process_driver.py tests/test_direct_binary.py
 test-python: build
 	$(VENV)/bin/ctest --test-dir $(BUILD_DIR) -R '^boxed-call' --output-on-failure
 	$(PY) -m pytest -q tests

@@ -13,7 +13,8 @@
 namespace openreg::stats {
 
 enum Counter : int {
-  kQueued = 0,       // fallback calls queued on a stream
+  kQueued = 0,       // operator calls queued on a stream (the fallback's and
+                     // the direct binary path's)
   kSynchronous = 1,  // fallback calls run synchronously (data-dependent, ...)
   kLearned = 2,      // synchronous first runs of a signature
   kLaunches = 3,     // tasks launched on streams (kernels, copies, fills)

@@ -15,14 +15,14 @@ namespace openreg {
 namespace {
 
 // In the order of NamedKernel.
-constexpr std::array<const char*, 13> kSymbols = {
+constexpr std::array<const char*, 14> kSymbols = {
     "openreg_boxed_call",        "openreg_fault_crash",
     "openreg_fault_fail",        "openreg_fault_delay",
     "openreg_profiler_stamp",    "openreg_dropout",
     "openreg_dropout_backward",  "openreg_compiled_kernel",
     "openreg_scaled_abs",        "openreg_fault_warn",
     "openreg_release_workspace", "openreg_describe_call",
-    "openreg_take_results"};
+    "openreg_take_results",      "openreg_binary"};
 
 struct Library {
   orModule_t module = nullptr;

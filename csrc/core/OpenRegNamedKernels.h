@@ -29,6 +29,7 @@ enum class NamedKernel {
   kReleaseWorkspace,  // openreg_release_workspace: frees the cached blocks
   kDescribeCall,      // openreg_describe_call: runs a call, answers its results
   kTakeResults,       // openreg_take_results: a described call's new memory
+  kBinary,            // openreg_binary: kernels::BinaryParams
 };
 
 // The function of `kernel`, loading the library on first use. Throws with

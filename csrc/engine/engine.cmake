@@ -24,12 +24,14 @@ target_sources(openreg_C PRIVATE
   engine/memory/OpenRegKernelScratch.cpp
   engine/ops/OpenRegAttention.cpp
   engine/ops/OpenRegCustomOps.cpp
+  engine/ops/OpenRegDirectBinary.cpp
   engine/ops/OpenRegOverrideableOps.cpp
   engine/ops/OpenRegRandomOps.cpp)
 
 # The engine's device code: ATen's CPU kernels run from serialized calls,
 # openreg's fused dropout, the example custom operator.
 target_sources(openreg_device_code PRIVATE
+  engine/kernels/OpenRegBinaryKernels.cpp
   engine/kernels/OpenRegBoxedCall.cpp
   engine/kernels/OpenRegCallAnswer.cpp
   engine/kernels/OpenRegCpuMath.cpp

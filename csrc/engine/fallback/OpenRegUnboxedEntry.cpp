@@ -21,12 +21,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <utility>
 
 #include "aten/fallback/OpenRegOpTraits.h"
 #include "engine/fallback/OpenRegBorrowedStack.h"
 #include "engine/fallback/OpenRegFallback.h"
+#include "engine/ops/OpenRegDirectBinary.h"
 
 namespace openreg {
 namespace {
@@ -58,6 +60,36 @@ struct InPlace {
     (stack.push(rest), ...);
     fallback_borrowed(op, stack);
     return self;
+  }
+};
+
+// add, sub, mul and div: the direct binary path (OpenRegDirectBinary.h) when
+// it takes the call, else the fallback.
+template <kernels::BinaryOp Kind>
+struct DirectWithAlpha {
+  c10::OperatorHandle op;
+  std::string name = op_traits(op).display_name;
+  Tensor operator()(const Tensor& a, const Tensor& b,
+                    const Scalar& alpha) const {
+    Tensor out = direct_binary(Kind, name, a, b, &alpha);
+    if (out.defined()) {
+      return out;
+    }
+    return Functional<const Tensor&, const Tensor&, const Scalar&>{op}(a, b,
+                                                                       alpha);
+  }
+};
+
+template <kernels::BinaryOp Kind>
+struct Direct {
+  c10::OperatorHandle op;
+  std::string name = op_traits(op).display_name;
+  Tensor operator()(const Tensor& a, const Tensor& b) const {
+    Tensor out = direct_binary(Kind, name, a, b, nullptr);
+    if (out.defined()) {
+      return out;
+    }
+    return Functional<const Tensor&, const Tensor&>{op}(a, b);
   }
 };
 
@@ -133,6 +165,26 @@ bool unboxed_entries_enabled() {
 
 bool register_unboxed_entry(torch::Library& library, const char* name,
                             const c10::OperatorHandle& op) {
+  using kernels::BinaryOp;
+  const c10::OperatorName& id = op.schema().operator_name();
+  if (id.overload_name == "Tensor" && writes_none(op_traits(op))) {
+    if (id.name == "aten::add") {
+      return register_if<DirectWithAlpha<BinaryOp::kAdd>, Tensor(T, T, S)>(
+          library, name, op);
+    }
+    if (id.name == "aten::sub") {
+      return register_if<DirectWithAlpha<BinaryOp::kSub>, Tensor(T, T, S)>(
+          library, name, op);
+    }
+    if (id.name == "aten::mul") {
+      return register_if<Direct<BinaryOp::kMul>, Tensor(T, T)>(library, name,
+                                                               op);
+    }
+    if (id.name == "aten::div") {
+      return register_if<Direct<BinaryOp::kDiv>, Tensor(T, T)>(library, name,
+                                                               op);
+    }
+  }
   // The signatures of the structured operators a training step calls most.
   return functional<T>(library, name, op) ||                 // exp, neg
          functional<T, T>(library, name, op) ||              // mul, div, mm

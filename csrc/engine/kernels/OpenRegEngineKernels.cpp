@@ -27,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/kernels/OpenRegBinaryKernels.h"
 #include "engine/kernels/OpenRegBoxedCall.h"
 #include "engine/kernels/OpenRegCallFormat.h"
 #include "engine/kernels/OpenRegCompiledKernelFormat.h"
@@ -498,6 +499,25 @@ extern "C" __attribute__((visibility("default"))) int openreg_dropout_backward(
         static_cast<const bool*>(device_ptr(ctx, p.mask)),
         device_ptr(ctx, p.out), p.n, static_cast<c10::ScalarType>(p.dtype),
         p.scale);
+  });
+}
+
+// The direct binary path's kernel (engine/kernels/OpenRegBinaryKernels.h).
+extern "C" __attribute__((visibility("default"))) int openreg_binary(
+    const void* params, size_t bytes, orKernelContext* ctx) {
+  openreg::kernels::BinaryParams p;
+  if (!read_params(params, bytes, ctx, "openreg_binary", &p)) {
+    return 1;
+  }
+  static constexpr const char* kNames[] = {"aten::add", "aten::sub",
+                                           "aten::mul", "aten::div"};
+  const char* name = p.op >= 0 && p.op < 4 ? kNames[p.op] : "openreg_binary";
+  return run_reporting(ctx, name, [&] {
+    openreg::kernels::binary(
+        static_cast<openreg::kernels::BinaryOp>(p.op), device_ptr(ctx, p.a),
+        p.b_is_number != 0 ? nullptr : device_ptr(ctx, p.b),
+        device_ptr(ctx, p.out), p.n, static_cast<c10::ScalarType>(p.dtype),
+        p.b_is_number != 0, p.number);
   });
 }
 

@@ -1,0 +1,125 @@
+// SIMULATOR ONLY: the direct binary path (see the header).
+#include "engine/ops/OpenRegDirectBinary.h"
+
+#include <ATen/EmptyTensor.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/TypeCast.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "aten/OpenRegLaunch.h"
+#include "core/OpenRegLaunchStats.h"
+#include "core/OpenRegNamedKernels.h"
+#include "engine/OpenRegKernelView.h"
+#include "memory/OpenRegAllocator.h"
+
+namespace openreg {
+
+namespace {
+
+// The CPU kernels of these operators split their loop over threads from
+// at::internal::GRAIN_SIZE elements on; below it they run on one thread, as
+// this kernel does. Larger calls take the fallback and its team.
+constexpr int64_t kMaxElements = 32768;
+
+bool dense(const at::Tensor& t) {
+  return t.layout() == c10::kStrided && t.is_contiguous() && !t.is_conj() &&
+         !t.is_neg();
+}
+
+bool is_one(const c10::Scalar& s) {
+  if (s.isIntegral(/*includeBool=*/false)) {
+    return s.toLong() == 1;
+  }
+  return s.isFloatingPoint() && s.toDouble() == 1.0;
+}
+
+// A Python number (a wrapped-number tensor of int64 or double) in `dtype`,
+// converted as the CPU kernel converts it (c10::convert, the copy kernel's
+// cast; doc:wrapped-number-dtype in aten/fallback/OpenRegOpTraits.cpp), and
+// held exactly in a double; false for any other wrapped number (bool,
+// complex).
+bool number_in(const at::Tensor& wrapped, c10::ScalarType dtype,
+               double* number) {
+  const c10::ScalarType from = wrapped.scalar_type();
+  if (from == c10::ScalarType::Long) {
+    const int64_t i = *wrapped.const_data_ptr<int64_t>();
+    *number = dtype == c10::ScalarType::Float ? c10::convert<float>(i)
+                                              : c10::convert<double>(i);
+    return true;
+  }
+  if (from == c10::ScalarType::Double) {
+    const double d = *wrapped.const_data_ptr<double>();
+    *number = dtype == c10::ScalarType::Float ? c10::convert<float>(d) : d;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool direct_binary_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("OPENREG_DIRECT_BINARY");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return on;
+}
+
+// [doc:direct-binary]
+// The calls the path takes: `a` a dense (contiguous, no conj or neg bit)
+// float or double device tensor of 1 to kMaxElements elements; `b` a dense
+// tensor of the same device, dtype and sizes, or a Python number (int or
+// float: it never changes a floating tensor's dtype); alpha 1. Their
+// result is a new dense tensor of a's sizes and dtype, as the CPU kernel's
+// is, and each element is one IEEE operation on the same operands, so the
+// values are the CPU's bit for bit. Errors and odd cases (mixed devices,
+// broadcasting, type promotion, a bool) stay with the fallback, which
+// raises or computes them as the CPU does.
+at::Tensor direct_binary(kernels::BinaryOp op, const std::string& name,
+                         const at::Tensor& a, const at::Tensor& b,
+                         const c10::Scalar* alpha) {
+  if (!direct_binary_enabled() || !a.defined() || !b.defined() ||
+      a.device().type() != c10::DeviceType::PrivateUse1) {
+    return {};
+  }
+  const c10::ScalarType dtype = a.scalar_type();
+  const int64_t n = a.numel();
+  if ((dtype != c10::ScalarType::Float && dtype != c10::ScalarType::Double) ||
+      n == 0 || n > kMaxElements || !dense(a) ||
+      (alpha != nullptr && !is_one(*alpha))) {
+    return {};
+  }
+  const bool b_is_number = b.unsafeGetTensorImpl()->is_wrapped_number();
+  double number = 0;
+  if (b_is_number) {
+    if (b.device().type() != c10::DeviceType::CPU ||
+        !number_in(b, dtype, &number)) {
+      return {};
+    }
+  } else if (b.device() != a.device() || b.scalar_type() != dtype ||
+             !b.sizes().equals(a.sizes()) || !dense(b)) {
+    return {};
+  }
+  const c10::DeviceGuard guard(a.device());
+  at::Tensor out = at::detail::empty_generic(
+      a.sizes(), device_allocator(),
+      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype, std::nullopt);
+  kernels::BinaryParams p{};
+  p.a = device_address(a);
+  p.b = b_is_number ? 0 : device_address(b);
+  p.out = device_address(out);
+  p.n = n;
+  p.number = number;
+  p.op = static_cast<int32_t>(op);
+  p.dtype = static_cast<int32_t>(dtype);
+  p.b_is_number = b_is_number ? 1 : 0;
+  stats::count(stats::kQueued);
+  launch_function(a.device().index(), name, named_kernel(NamedKernel::kBinary),
+                  &p, sizeof(p), n);
+  return out;
+}
+// [/doc:direct-binary]
+
+}  // namespace openreg
