@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "aten/OpenRegLaunch.h"
+#include "aten/fallback/OpenRegCopyingFallback.h"
 #include "core/OpenRegLaunchStats.h"
 #include "core/OpenRegNamedKernels.h"
 #include "engine/OpenRegKernelView.h"
@@ -80,8 +81,10 @@ bool direct_binary_enabled() {
 at::Tensor direct_binary(kernels::BinaryOp op, const std::string& name,
                          const at::Tensor& a, const at::Tensor& b,
                          const c10::Scalar* alpha) {
-  if (!direct_binary_enabled() || !a.defined() || !b.defined() ||
-      a.device().type() != c10::DeviceType::PrivateUse1) {
+  // OPENREG_FALLBACK=copy compares the engine with a fallback that copies
+  // every argument to the host: every call goes there.
+  if (!direct_binary_enabled() || copying_fallback_selected() || !a.defined() ||
+      !b.defined() || a.device().type() != c10::DeviceType::PrivateUse1) {
     return {};
   }
   const c10::ScalarType dtype = a.scalar_type();
