@@ -83,6 +83,17 @@ def test_python_numbers_match_the_cpu_bit_for_bit(op, dtype):
         assert_same_bits(OPS[op](number, a), OPS[op](number, x))  # radd, rsub, ...
 
 
+def test_views_with_an_offset_and_several_dimensions():
+    a, b = _operands(1000, torch.float32)
+    x, y = a.to(DEV), b.to(DEV)
+    assert_same_bits(a[1:] + b[:-1], x[1:] + y[:-1])  # contiguous views off their storage's start
+    assert_same_bits(a[10:] * a[:-10], x[10:] * x[:-10])  # one storage, two offsets
+    r = x.view(10, 100) / y.view(10, 100)
+    assert r.shape == (10, 100) and r.is_contiguous()
+    assert_same_bits(a.view(10, 100) / b.view(10, 100), r)
+    assert_same_bits(a.view(10, 10, 10)[3] - 2, x.view(10, 10, 10)[3] - 2)
+
+
 def test_the_path_is_taken_and_the_result_is_a_new_dense_tensor(py):
     code = """
 x, y = torch.randn(64).to("openreg"), torch.randn(64).to("openreg")
