@@ -13,6 +13,7 @@
 #include "core/OpenRegLaunchStats.h"
 #include "core/OpenRegNamedKernels.h"
 #include "engine/OpenRegKernelView.h"
+#include "engine/fallback/OpenRegQueuedCall.h"
 #include "memory/OpenRegAllocator.h"
 
 namespace openreg {
@@ -81,10 +82,13 @@ bool direct_binary_enabled() {
 at::Tensor direct_binary(kernels::BinaryOp op, const std::string& name,
                          const at::Tensor& a, const at::Tensor& b,
                          const c10::Scalar* alpha) {
-  // OPENREG_FALLBACK=copy compares the engine with a fallback that copies
-  // every argument to the host: every call goes there.
-  if (!direct_binary_enabled() || copying_fallback_selected() || !a.defined() ||
-      !b.defined() || a.device().type() != c10::DeviceType::PrivateUse1) {
+  // The fallback's diagnostic modes see every call: OPENREG_FALLBACK=copy
+  // (the fallback that copies every argument to the host, compared with the
+  // engine) and OPENREG_SERIALIZED_CALLS=0 (every queued call captured as
+  // host objects).
+  if (!direct_binary_enabled() || copying_fallback_selected() ||
+      !serialized_calls() || !a.defined() || !b.defined() ||
+      a.device().type() != c10::DeviceType::PrivateUse1) {
     return {};
   }
   const c10::ScalarType dtype = a.scalar_type();
