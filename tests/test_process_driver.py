@@ -763,11 +763,18 @@ with torch.openreg.stream(side):
 z = (d @ d).sum()
 torch.openreg.synchronize()
 time.sleep(0.3)  # past the workers' spin after their last command
-before = switches()
-time.sleep(1.0)
-after = switches()
+# Up to three windows of a second: on a loaded machine (a build beside the
+# test) the OpenMP team's spin after its last region lasts longer than on an
+# idle one. Idle workers that wake on a timer wake in every window.
+for _ in range(3):
+    before = switches()
+    time.sleep(1.0)
+    after = switches()
+    woken = {t: after[t] - before[t] for t in after if t in before}
+    if sum(woken.values()) <= 4:
+        break
 print(json.dumps({
-    "woken": {t: after[t] - before[t] for t in after if t in before},
+    "woken": woken,
     "values": torch.allclose(y.cpu(), (x @ x).relu(), atol=1e-4)
     and torch.allclose(z.cpu(), (x @ x).sum(), rtol=1e-4),
 }))
