@@ -143,10 +143,21 @@ orError_t push(orStream* stream, const SlotHeader& header, const void* params,
   // more command to finish (which kept the host 3/4 of a ring ahead, each
   // launch spinning: the Llama loop's backward took 9 ms of host CPU a step
   // instead of 2.5).
-  if (t >= kRingSlots &&
-      ring.completed.load(std::memory_order_acquire) < t - kRingSlots + 1) {
-    OR_RETURN_IF_ERROR(
-        wait_ring(dev, ring, t - kRingSlots + 1 + kRingRefill, false));
+  //
+  // The device process writes the completed count at every command: read
+  // at every launch, its cache line crossed cores each time (a miss on the
+  // host's path of a small kernel). The host keeps the count it last read
+  // and reads the ring's only when that one no longer frees the slot: once
+  // a lap when the device keeps up.
+  if (t >= kRingSlots && stream->proc_completed_seen_ < t - kRingSlots + 1) {
+    stream->proc_completed_seen_ =
+        ring.completed.load(std::memory_order_acquire);
+    if (stream->proc_completed_seen_ < t - kRingSlots + 1) {
+      OR_RETURN_IF_ERROR(
+          wait_ring(dev, ring, t - kRingSlots + 1 + kRingRefill, false));
+      stream->proc_completed_seen_ =
+          ring.completed.load(std::memory_order_acquire);
+    }
   }
   Slot& slot = ring.slots[t % kRingSlots];
   slot.h = header;

@@ -469,11 +469,14 @@ struct orStream {
   void run_function(Task& task);
 
   // Process driver: the stream's command ring in its device's control block
-  // (-1: none), the commands pushed so far and whether the device process
-  // runs the ring's worker yet (both under proc_mu_).
+  // (-1: none), the commands pushed so far, the ring's completed count as
+  // this host last read it (a lower bound: the count only grows) and
+  // whether the device process runs the ring's worker yet (all under
+  // proc_mu_).
   int proc_ring_ = -1;
   std::mutex proc_mu_;
   uint64_t proc_tail_ = 0;
+  uint64_t proc_completed_seen_ = 0;
   bool proc_started_ = false;
 
   // The watchdog's view of the running task (only while it is on).

@@ -1,8 +1,9 @@
 // SIMULATOR ONLY: the direct binary path (see the header).
 #include "engine/ops/OpenRegDirectBinary.h"
 
-#include <ATen/EmptyTensor.h>
-#include <c10/core/DeviceGuard.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
+#include <c10/core/TensorImpl.h>
 #include <c10/util/TypeCast.h>
 
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include "aten/fallback/OpenRegCopyingFallback.h"
 #include "core/OpenRegLaunchStats.h"
 #include "core/OpenRegNamedKernels.h"
+#include "core/OpenRegStream.h"
 #include "engine/OpenRegKernelView.h"
 #include "engine/fallback/OpenRegQueuedCall.h"
 #include "memory/OpenRegAllocator.h"
@@ -109,10 +111,19 @@ at::Tensor direct_binary(kernels::BinaryOp op, const std::string& name,
              !b.sizes().equals(a.sizes()) || !dense(b)) {
     return {};
   }
-  const c10::DeviceGuard guard(a.device());
-  at::Tensor out = at::detail::empty_generic(
-      a.sizes(), device_allocator(),
-      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype, std::nullopt);
+  // The result's block is taken for the stream the kernel runs on, as
+  // empty_generic would take it with a's device current, without switching
+  // the current device there and back (no guard: nothing here uses it).
+  const c10::DeviceIndex device = a.device().index();
+  const size_t nbytes = static_cast<size_t>(n) * c10::elementSize(dtype);
+  c10::Storage storage(
+      c10::Storage::use_byte_size_t(), nbytes,
+      allocate_device_memory(nbytes, getCurrentStream(device).unwrap()),
+      device_allocator(), /*resizable=*/true);
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      c10::scalarTypeToTypeMeta(dtype));
+  out.unsafeGetTensorImpl()->set_sizes_contiguous(a.sizes());
   kernels::BinaryParams p{};
   p.a = device_address(a);
   p.b = b_is_number ? 0 : device_address(b);
@@ -123,8 +134,8 @@ at::Tensor direct_binary(kernels::BinaryOp op, const std::string& name,
   p.dtype = static_cast<int32_t>(dtype);
   p.b_is_number = b_is_number ? 1 : 0;
   stats::count(stats::kQueued);
-  launch_function(a.device().index(), name, named_kernel(NamedKernel::kBinary),
-                  &p, sizeof(p), n);
+  launch_function(device, name, named_kernel(NamedKernel::kBinary), &p,
+                  sizeof(p), n);
   return out;
 }
 // [/doc:direct-binary]
