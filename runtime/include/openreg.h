@@ -501,8 +501,9 @@ typedef struct orKernelContext {
    * stopping for the thread that shares its core with the host: then it
    * returns threads - 1 (at least 1), so that the host's work and the
    * device's overlap as they do with a real device. While a host thread
-   * waits, and always in the process driver (a device process does not see
-   * the host's threads), it returns `threads`. */
+   * waits it returns `threads`. Both drivers: the process driver's device
+   * processes read the user process's count of waiting threads in their
+   * control blocks. */
   int (*team_threads)(struct orKernelContext* ctx, int threads);
 } orKernelContext;
 

@@ -111,9 +111,20 @@ void describe(orKernelContext* ctx, const char* what) {
                 what != nullptr ? what : "");
 }
 
-// A device process does not see the host's threads: a kernel keeps the
-// threads it was launched with.
-int team_threads(orKernelContext*, int threads) { return threads; }
+// [doc:device-team-threads]
+// SIMULATOR ONLY: as the thread driver's (doc:team-threads in module.cpp):
+// while no thread of the user process waits for a device, the host runs its
+// own work on one of the cores, and a kernel that may run on fewer threads
+// leaves it that one. The user process keeps the count of its waiting
+// threads in this process's control block (HostWaiting).
+int team_threads(orKernelContext*, int threads) {
+  if (threads <= 1 ||
+      g_control->host_waiting.load(std::memory_order_relaxed) > 0) {
+    return threads;
+  }
+  return threads - 1;
+}
+// [/doc:device-team-threads]
 
 void warn(orKernelContext* ctx, const char* message) {
   Ring& ring = *static_cast<CallState*>(ctx->driver_data)->ring;

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -81,6 +82,7 @@ void warn(orKernelContext* ctx, const char* message) {
 // host's cores are one pool, which every device of the thread driver
 // shares with the host's own work.
 std::atomic<int> g_host_waiting{0};
+std::mutex g_publish_mu;  // the process driver's copies (HostWaiting)
 
 int team_threads(orKernelContext* ctx, int threads) {
   (void)ctx;
@@ -96,12 +98,30 @@ namespace openreg_rt {
 // thread waits for a device, the host is running (Python, the next
 // launches, its own CPU work) on one of them; a kernel that may run on
 // fewer threads leaves it that one.
+//
+// The process driver's device processes see the count through their control
+// blocks (proc::publish_host_waiting): a device process cannot see the
+// host's threads otherwise.
+// The count and its copies change together (g_publish_mu), so that the
+// copies end at the count when threads start and end waits at once.
 HostWaiting::HostWaiting() {
-  g_host_waiting.fetch_add(1, std::memory_order_relaxed);
+  if (!process_driver()) {
+    g_host_waiting.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const std::lock_guard<std::mutex> lock(g_publish_mu);
+  proc::publish_host_waiting(
+      g_host_waiting.fetch_add(1, std::memory_order_relaxed) + 1);
 }
 
 HostWaiting::~HostWaiting() {
-  g_host_waiting.fetch_sub(1, std::memory_order_relaxed);
+  if (!process_driver()) {
+    g_host_waiting.fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
+  const std::lock_guard<std::mutex> lock(g_publish_mu);
+  proc::publish_host_waiting(
+      g_host_waiting.fetch_sub(1, std::memory_order_relaxed) - 1);
 }
 
 int team_threads_now(int threads) {

@@ -290,6 +290,15 @@ orError_t request(ProcessDevice& pd, Request what, int arg0, int arg1,
   return r.wait(why);
 }
 
+void publish_host_waiting(int count) {
+  for (auto& dev : runtime().devices) {
+    if (dev->process != nullptr && dev->process->control != nullptr) {
+      dev->process->control->host_waiting.store(count,
+                                                std::memory_order_relaxed);
+    }
+  }
+}
+
 orError_t start(Runtime* rt, size_t pinned_capacity) {
   Shared& s = shared();
   const int count = static_cast<int>(rt->devices.size());

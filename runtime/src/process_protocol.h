@@ -142,6 +142,12 @@ struct Control {
   // worker adds one after each warning, the host swaps in 0 before it
   // reads the rings.
   alignas(64) std::atomic<uint32_t> warnings_pending;
+  // Threads of the user process blocked in a wait for any device (the
+  // host's cores are one pool that every device process shares with the
+  // host's own work): the device's kernels see it through
+  // orKernelContext::team_threads. The host stores the count in every
+  // device's block at each change (openreg_rt::HostWaiting).
+  alignas(64) std::atomic<int32_t> host_waiting;
 
   // Requests: one at a time (the host serializes them). The host writes the
   // request, then increments request_seq; the device answers, then sets

@@ -89,6 +89,7 @@ orError_t wait_ring(Device* dev, Ring& ring, uint64_t target,
   if (ring.completed.load(std::memory_order_acquire) >= target) {
     return orSuccess;
   }
+  const openreg_rt::HostWaiting waiting;
   if (target - ring.completed.load(std::memory_order_acquire) <= 1) {
     const auto spin_until = Clock::now() + std::chrono::microseconds(20);
     int n = 0;

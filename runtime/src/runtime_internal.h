@@ -123,9 +123,11 @@ std::string failed_kernel_message(const std::string& name, const char* activity,
                                   int status);
 
 // SIMULATOR ONLY: counts this process's host threads blocked in a wait for
-// a device (thread driver), for the scope of the object: a stream's
-// synchronization or a launch waiting for room (orStream::wait_completed),
-// an event's (orEventSynchronize). orKernelContext::team_threads reads it.
+// a device, for the scope of the object: a stream's synchronization or a
+// launch waiting for room (orStream::wait_completed; the process driver's
+// proc::wait_ring), an event's (orEventSynchronize).
+// orKernelContext::team_threads reads it (the device processes, in their
+// control blocks).
 class HostWaiting {
  public:
   HostWaiting();
@@ -199,6 +201,9 @@ orError_t stream_synchronize(Stream* stream, bool interruptible);
 // now on one of them ("" if none) when `running` is given.
 uint64_t progress(Device* dev, std::string* running);
 bool stream_idle(Stream* stream);
+// Stores `count`, the host threads now waiting for a device (HostWaiting),
+// in every device process's control block.
+void publish_host_waiting(int count);
 // Loads `path` in every device process; on failure, *why is the failing
 // device's loader message.
 orError_t module_load(orModule_st* module, const char* path, std::string* why);
