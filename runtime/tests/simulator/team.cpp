@@ -3,6 +3,10 @@
 // kernel that may run on fewer threads leaves the host one of them. A driver
 // for real hardware answers the threads asked for (the contract is in
 // ../contract/module.cpp).
+//
+// Built twice: into openreg_runtime_tests (the thread driver) and into
+// openreg_process_tests (the process driver: a device process reads the
+// user process's waiting threads in its control block, device_main.cpp).
 #include <atomic>
 #include <chrono>
 #include <thread>
