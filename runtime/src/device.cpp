@@ -220,7 +220,7 @@ const Config& config() {
       }
     }
     if (const char* env = std::getenv("OPENREG_TEAM_SPIN")) {
-      // Read by the device processes (device_main.cpp, "team spin").
+      // Read by the device processes (device_team.cpp, "team spin").
       if (*env != '\0' && std::strcmp(env, "auto") != 0 &&
           std::strcmp(env, "long") != 0 && std::strcmp(env, "short") != 0) {
         bad_setting(c,

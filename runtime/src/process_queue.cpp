@@ -150,14 +150,13 @@ orError_t push(orStream* stream, const SlotHeader& header, const void* params,
   // host's path of a small kernel). The host keeps the count it last read
   // and reads the ring's only when that one no longer frees the slot: once
   // a lap when the device keeps up.
-  if (t >= kRingSlots && stream->proc_completed_seen_ < t - kRingSlots + 1) {
-    stream->proc_completed_seen_ =
-        ring.completed.load(std::memory_order_acquire);
-    if (stream->proc_completed_seen_ < t - kRingSlots + 1) {
-      OR_RETURN_IF_ERROR(
-          wait_ring(dev, ring, t - kRingSlots + 1 + kRingRefill, false));
-      stream->proc_completed_seen_ =
-          ring.completed.load(std::memory_order_acquire);
+  uint64_t& seen = stream->proc_completed_seen_;
+  if (t >= kRingSlots && seen < t - kRingSlots + 1) {
+    seen = ring.completed.load(std::memory_order_acquire);
+    if (seen < t - kRingSlots + 1) {
+      const uint64_t target = t - kRingSlots + 1 + kRingRefill;
+      OR_RETURN_IF_ERROR(wait_ring(dev, ring, target, false));
+      seen = target;  // a lower bound, as the count only grows
     }
   }
   Slot& slot = ring.slots[t % kRingSlots];

@@ -255,7 +255,7 @@ void run_compiled_kernel(const unsigned char* bytes, size_t size,
 // [doc:team-spin]
 // SIMULATOR ONLY: how long the device's OpenMP team threads spin after a
 // region, for a device process (it owns its libgomp), which says which it
-// wants ("team-spin-choice" in runtime/src/device_main.cpp). libgomp spins
+// wants ("team-spin-choice" in runtime/src/device_team.cpp). libgomp spins
 // GOMP_SPINCOUNT polls (300,000 by default, milliseconds) after a region or
 // at a barrier, so that the next region starts at once; but when the
 // process has more OpenMP threads than CPUs it spins about 100 polls and

@@ -1,0 +1,28 @@
+// openreg-device: how long the device's OpenMP team spins after a region,
+// chosen per device process (device_team.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace openreg_device {
+
+// True once a loaded kernel library takes hints as the device runs (the
+// workers then time their commands for SpinWindow).
+bool team_spin_chosen();
+
+// A kernel library was loaded (`handle`, from dlopen): takes its
+// `openreg_team_spin_hint`, if it has one and none was taken yet, as
+// OPENREG_TEAM_SPIN says.
+void take_team_spin_hint(void* handle);
+
+// One worker's window of busy time: `ran` adds a command's run, from
+// `begin` to `end` (CLOCK_MONOTONIC ns), and at the end of each window
+// sends the hint its busy share calls for.
+struct SpinWindow {
+  uint64_t start = 0;
+  uint64_t busy = 0;
+
+  void ran(uint64_t begin, uint64_t end);
+};
+
+}  // namespace openreg_device
