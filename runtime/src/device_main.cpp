@@ -339,9 +339,13 @@ void run_worker(int index) {
                         slot.h.command != kEventWait &&
                         slot.h.command != kWaitValue;
     const uint64_t begin = counts ? now_ns() : 0;
+    const bool waited_before =
+        counts && g_control->host_waiting.load(std::memory_order_relaxed) > 0;
     run_command(ring, slot);
     if (counts) {
-      window.ran(begin, now_ns());
+      window.ran(begin, now_ns(),
+                 waited_before || g_control->host_waiting.load(
+                                      std::memory_order_relaxed) > 0);
     }
     ++head;
     ring.completed.store(head, std::memory_order_seq_cst);

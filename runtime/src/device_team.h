@@ -16,13 +16,15 @@ bool team_spin_chosen();
 void take_team_spin_hint(void* handle);
 
 // One worker's window of busy time: `ran` adds a command's run, from
-// `begin` to `end` (CLOCK_MONOTONIC ns), and at the end of each window
-// sends the hint its busy share calls for.
+// `begin` to `end` (CLOCK_MONOTONIC ns), `host_waited` if a host thread
+// waited for a device when it began or ended, and at the end of each window
+// sends the hint its busy share and the host's waiting share call for.
 struct SpinWindow {
   uint64_t start = 0;
   uint64_t busy = 0;
+  uint64_t busy_host_waiting = 0;
 
-  void ran(uint64_t begin, uint64_t end);
+  void ran(uint64_t begin, uint64_t end, bool host_waited);
 };
 
 }  // namespace openreg_device

@@ -1,0 +1,124 @@
+// A device process's choice of its OpenMP team's spin ("team-spin-choice" in
+// runtime/src/device_team.cpp), driven with made-up command
+// timings: this binary is the "kernel library" whose hint it takes.
+//
+// The choice is process-wide state, taken once; ctest runs each test in its
+// own process.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "device_team.h"
+
+namespace {
+
+std::vector<int> g_hints;  // what the device sent, in order
+
+}  // namespace
+
+// The kernel library's entry point (csrc/engine/kernels), here a recorder;
+// the binary exports it (ENABLE_EXPORTS) so that dlsym finds it.
+extern "C" __attribute__((visibility("default"))) void openreg_team_spin_hint(
+    int host_bound) {
+  g_hints.push_back(host_bound);
+}
+
+namespace openreg_device {
+namespace {
+
+constexpr uint64_t kMs = 1'000'000;
+
+// The device's busy and the host's waiting shares, over one 10 ms window:
+// the worker runs one command per millisecond, `busy` of it, ending with
+// the millisecond, and a host thread waits through the first `waited`
+// tenths of the commands. A window starts where the last one ended, or at
+// the first command: the first window has one command more, so that each
+// ends with its tenth.
+class Device {
+ public:
+  void window(double busy, int waited) {
+    const uint64_t run = static_cast<uint64_t>(busy * kMs);
+    if (now_ == kStart) {
+      spin_.ran(now_ + kMs - run, now_ + kMs, waited > 0);
+      now_ += kMs;
+    }
+    for (int i = 0; i < 10; ++i) {
+      spin_.ran(now_ + kMs - run, now_ + kMs, i < waited);
+      now_ += kMs;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kStart = 1'000 * kMs;
+  SpinWindow spin_;
+  uint64_t now_ = kStart;
+};
+
+void take_hint_from_this_binary() {
+  void* self = dlopen(nullptr, RTLD_NOW);
+  ASSERT_NE(self, nullptr) << dlerror();
+  take_team_spin_hint(self);
+  ASSERT_TRUE(team_spin_chosen());
+}
+
+TEST(TeamSpinTest, FollowsTheDeviceAndWhetherTheHostWaits) {
+  unsetenv("OPENREG_TEAM_SPIN");
+  take_hint_from_this_binary();
+  Device device;
+  // Device-bound: busy 90%, the host asleep behind its queue: long.
+  for (int i = 0; i < 3; ++i) {
+    device.window(0.9, 10);
+  }
+  EXPECT_EQ(g_hints, std::vector<int>({0}));
+  // Busy as much, but the host ran its Python beside every command: short
+  // (a spinning team thread would take the host's core). The busy share
+  // alone called this device-bound.
+  device.window(0.95, 0);
+  device.window(0.95, 0);
+  EXPECT_EQ(g_hints, std::vector<int>({0, 1}));
+  // The host waited through half of the work: neither, the choice stays.
+  device.window(0.95, 5);
+  EXPECT_EQ(g_hints, std::vector<int>({0, 1}));
+  // It waits through nearly all of it again: long.
+  device.window(0.95, 9);
+  EXPECT_EQ(g_hints, std::vector<int>({0, 1, 0}));
+  // Mostly idle, whatever the host does: short.
+  device.window(0.3, 10);
+  EXPECT_EQ(g_hints, std::vector<int>({0, 1, 0, 1}));
+  // Busy 60%, between the two busy shares: the choice stays.
+  device.window(0.6, 10);
+  device.window(0.6, 10);
+  EXPECT_EQ(g_hints, std::vector<int>({0, 1, 0, 1}));
+}
+
+TEST(TeamSpinTest, ASettingFixesTheChoice) {
+  // OPENREG_TEAM_SPIN=long: libgomp's own spin, no hint is ever sent.
+  setenv("OPENREG_TEAM_SPIN", "long", 1);
+  void* self = dlopen(nullptr, RTLD_NOW);
+  ASSERT_NE(self, nullptr) << dlerror();
+  take_team_spin_hint(self);
+  EXPECT_FALSE(team_spin_chosen());
+  Device device;
+  device.window(0.95, 0);
+  device.window(0.3, 0);
+  EXPECT_TRUE(g_hints.empty());
+}
+
+TEST(TeamSpinTest, ShortIsSentOnceAtTheStart) {
+  // OPENREG_TEAM_SPIN=short: the hint at once, and no windows.
+  setenv("OPENREG_TEAM_SPIN", "short", 1);
+  void* self = dlopen(nullptr, RTLD_NOW);
+  ASSERT_NE(self, nullptr) << dlerror();
+  take_team_spin_hint(self);
+  EXPECT_FALSE(team_spin_chosen());
+  EXPECT_EQ(g_hints, std::vector<int>({1}));
+  Device device;
+  device.window(0.95, 10);
+  EXPECT_EQ(g_hints, std::vector<int>({1}));
+}
+
+}  // namespace
+}  // namespace openreg_device
