@@ -30,13 +30,16 @@ namespace {
 // device's kernels slower on a machine the host's Python shares, so a
 // host-bound loop that once went long looked device-bound from then on
 // (Lightning on 2 cores: the device busy 0.97-0.999 of each window while
-// long, 0.4-0.8 while short; its host waited through none of it).
+// long, 0.4-0.8 while short; its host waited through none of it). A window
+// is 40 ms: in 10 ms ones, a loop that synchronizes every 20 ms (bench.py's
+// MLP with dropouts: the host runs ahead, then waits) showed the host
+// waiting through 0 to 1 of the device's work from one window to the next,
+// and the choice flipped every few windows.
 // Sent on a change only. OPENREG_TEAM_SPIN=long|short fixes the choice
 // instead (long: libgomp's default, no hint at all); validated by the host
 // (device.cpp).
 void (*g_team_spin_hint)(int) = nullptr;
 std::atomic<int> g_team_spin_state{-1};
-constexpr uint64_t kSpinWindowNs = 10'000'000;
 constexpr double kHostBoundBusy = 0.5;
 constexpr double kDeviceBoundBusy = 0.7;
 constexpr double kHostRunsWaited = 0.25;

@@ -15,6 +15,10 @@ bool team_spin_chosen();
 // OPENREG_TEAM_SPIN says.
 void take_team_spin_hint(void* handle);
 
+// How long a window of SpinWindow lasts ("team-spin-choice" in
+// device_team.cpp).
+constexpr uint64_t kSpinWindowNs = 40'000'000;
+
 // One worker's window of busy time: `ran` adds a command's run, from
 // `begin` to `end` (CLOCK_MONOTONIC ns), `host_waited` if a host thread
 // waited for a device when it began or ended, and at the end of each window

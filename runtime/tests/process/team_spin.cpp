@@ -31,22 +31,23 @@ namespace {
 
 constexpr uint64_t kMs = 1'000'000;
 
-// The device's busy and the host's waiting shares, over one 10 ms window:
-// the worker runs one command per millisecond, `busy` of it, ending with
-// the millisecond, and a host thread waits through the first `waited`
-// tenths of the commands. A window starts where the last one ended, or at
-// the first command: the first window has one command more, so that each
-// ends with its tenth.
+// The device's busy and the host's waiting shares, over one window of
+// kSpinWindowNs: the worker runs one command per millisecond, `busy` of it,
+// ending with the millisecond, and a host thread waits through the first
+// `waited` of the commands (a share). A window starts where the last one
+// ended, or at the first command: the first window has one command more, so
+// that each ends with its last.
 class Device {
  public:
-  void window(double busy, int waited) {
+  void window(double busy, double waited) {
     const uint64_t run = static_cast<uint64_t>(busy * kMs);
+    const int commands = static_cast<int>(kSpinWindowNs / kMs);
     if (now_ == kStart) {
       spin_.ran(now_ + kMs - run, now_ + kMs, waited > 0);
       now_ += kMs;
     }
-    for (int i = 0; i < 10; ++i) {
-      spin_.ran(now_ + kMs - run, now_ + kMs, i < waited);
+    for (int i = 0; i < commands; ++i) {
+      spin_.ran(now_ + kMs - run, now_ + kMs, i < waited * commands);
       now_ += kMs;
     }
   }
@@ -70,27 +71,27 @@ TEST(TeamSpinTest, FollowsTheDeviceAndWhetherTheHostWaits) {
   Device device;
   // Device-bound: busy 90%, the host asleep behind its queue: long.
   for (int i = 0; i < 3; ++i) {
-    device.window(0.9, 10);
+    device.window(0.9, 1.0);
   }
   EXPECT_EQ(g_hints, std::vector<int>({0}));
   // Busy as much, but the host ran its Python beside every command: short
   // (a spinning team thread would take the host's core). The busy share
   // alone called this device-bound.
-  device.window(0.95, 0);
-  device.window(0.95, 0);
+  device.window(0.95, 0.0);
+  device.window(0.95, 0.0);
   EXPECT_EQ(g_hints, std::vector<int>({0, 1}));
   // The host waited through half of the work: neither, the choice stays.
-  device.window(0.95, 5);
+  device.window(0.95, 0.5);
   EXPECT_EQ(g_hints, std::vector<int>({0, 1}));
   // It waits through nearly all of it again: long.
-  device.window(0.95, 9);
+  device.window(0.95, 0.9);
   EXPECT_EQ(g_hints, std::vector<int>({0, 1, 0}));
   // Mostly idle, whatever the host does: short.
-  device.window(0.3, 10);
+  device.window(0.3, 1.0);
   EXPECT_EQ(g_hints, std::vector<int>({0, 1, 0, 1}));
   // Busy 60%, between the two busy shares: the choice stays.
-  device.window(0.6, 10);
-  device.window(0.6, 10);
+  device.window(0.6, 1.0);
+  device.window(0.6, 1.0);
   EXPECT_EQ(g_hints, std::vector<int>({0, 1, 0, 1}));
 }
 
@@ -102,8 +103,8 @@ TEST(TeamSpinTest, ASettingFixesTheChoice) {
   take_team_spin_hint(self);
   EXPECT_FALSE(team_spin_chosen());
   Device device;
-  device.window(0.95, 0);
-  device.window(0.3, 0);
+  device.window(0.95, 0.0);
+  device.window(0.3, 0.0);
   EXPECT_TRUE(g_hints.empty());
 }
 
@@ -116,7 +117,7 @@ TEST(TeamSpinTest, ShortIsSentOnceAtTheStart) {
   EXPECT_FALSE(team_spin_chosen());
   EXPECT_EQ(g_hints, std::vector<int>({1}));
   Device device;
-  device.window(0.95, 10);
+  device.window(0.95, 1.0);
   EXPECT_EQ(g_hints, std::vector<int>({1}));
 }
 
