@@ -58,16 +58,22 @@ class Device {
   uint64_t now_ = kStart;
 };
 
-void take_hint_from_this_binary() {
+// Takes this binary's hint as a device process takes its kernel library's,
+// with OPENREG_TEAM_SPIN set to `setting` (nullptr: unset).
+void take_hint_from_this_binary(const char* setting) {
+  if (setting == nullptr) {
+    unsetenv("OPENREG_TEAM_SPIN");
+  } else {
+    setenv("OPENREG_TEAM_SPIN", setting, 1);
+  }
   void* self = dlopen(nullptr, RTLD_NOW);
   ASSERT_NE(self, nullptr) << dlerror();
   take_team_spin_hint(self);
-  ASSERT_TRUE(team_spin_chosen());
 }
 
 TEST(TeamSpinTest, FollowsTheDeviceAndWhetherTheHostWaits) {
-  unsetenv("OPENREG_TEAM_SPIN");
-  take_hint_from_this_binary();
+  take_hint_from_this_binary(nullptr);
+  ASSERT_TRUE(team_spin_chosen());
   Device device;
   // Device-bound: busy 90%, the host asleep behind its queue: long.
   for (int i = 0; i < 3; ++i) {
@@ -97,10 +103,7 @@ TEST(TeamSpinTest, FollowsTheDeviceAndWhetherTheHostWaits) {
 
 TEST(TeamSpinTest, ASettingFixesTheChoice) {
   // OPENREG_TEAM_SPIN=long: libgomp's own spin, no hint is ever sent.
-  setenv("OPENREG_TEAM_SPIN", "long", 1);
-  void* self = dlopen(nullptr, RTLD_NOW);
-  ASSERT_NE(self, nullptr) << dlerror();
-  take_team_spin_hint(self);
+  take_hint_from_this_binary("long");
   EXPECT_FALSE(team_spin_chosen());
   Device device;
   device.window(0.95, 0.0);
@@ -110,10 +113,7 @@ TEST(TeamSpinTest, ASettingFixesTheChoice) {
 
 TEST(TeamSpinTest, ShortIsSentOnceAtTheStart) {
   // OPENREG_TEAM_SPIN=short: the hint at once, and no windows.
-  setenv("OPENREG_TEAM_SPIN", "short", 1);
-  void* self = dlopen(nullptr, RTLD_NOW);
-  ASSERT_NE(self, nullptr) << dlerror();
-  take_team_spin_hint(self);
+  take_hint_from_this_binary("short");
   EXPECT_FALSE(team_spin_chosen());
   EXPECT_EQ(g_hints, std::vector<int>({1}));
   Device device;
