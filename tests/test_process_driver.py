@@ -729,7 +729,7 @@ def test_a_stream_has_a_worker_in_the_device_process_once_it_is_used(py):
     # (72 a device); the device process runs a worker only for those that
     # received a command.
     # OPENREG_TEAM_SPIN=long: no idle team of the short spin beside them
-    # (test_team_spin_settings_keep_the_values counts that one).
+    # (tests/test_team_spin.py counts that one).
     out = last_json(py(DEVICE_PIDS + STREAM_WORKERS, OPENREG_TEAM_SPIN="long", **PROCESS))
     assert out["values"], out
     assert out["before"] < 16, out  # the default stream's, not the pools'
@@ -790,63 +790,3 @@ def test_idle_stream_workers_of_a_device_process_sleep_until_a_command(py):
     assert out["values"], out
     assert len(out["woken"]) >= 3, out
     assert sum(out["woken"].values()) <= 4, out
-
-
-TEAM_SPIN = (
-    DEVICE_PIDS
-    + """
-import copy, hashlib, json, time, torch, torch_openreg
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 10))
-x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
-def train(device):
-    m = copy.deepcopy(model).to(device)
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    losses = []
-    for _ in range(3):
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(m(x.to(device)), y.to(device))
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, [p.detach().cpu() for p in m.parameters()]
-cpu_losses, cpu_params = train("cpu")
-losses, params = train("openreg")
-for got, want in zip(params, cpu_params):
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-torch.testing.assert_close(losses, cpu_losses, rtol=1e-4, atol=1e-5)
-pid = device_pids()[0]
-threads = 0
-for _ in range(50):  # the short spin's idle team starts beside the device's work
-    threads = len(os.listdir(f"/proc/{pid}/task"))
-    if threads >= WANT:
-        break
-    time.sleep(0.1)
-digest = hashlib.sha256(b"".join(p.numpy().tobytes() for p in params)).hexdigest()
-print(json.dumps({"threads": threads, "digest": digest}))
-"""
-)
-
-
-def test_team_spin_settings_keep_the_values(py):
-    # OPENREG_TEAM_SPIN (docs/process-driver.md, "The device's OpenMP team"):
-    # how long the device process's OpenMP threads spin after a region.
-    # Timing only: every setting gives the CPU's values and the same bits.
-    # "short" keeps an idle team of two (a thread of the kernel library and
-    # its team thread) beside the device's own threads.
-    out = {}
-    for spin in ("long", "short", "auto"):
-        want = 0 if spin != "short" else out["long"]["threads"] + 2
-        out[spin] = last_json(
-            py(TEAM_SPIN.replace("WANT", str(want)), OPENREG_TEAM_SPIN=spin, **PROCESS)
-        )
-    assert out["long"]["digest"] == out["short"]["digest"] == out["auto"]["digest"], out
-    assert out["short"]["threads"] >= out["long"]["threads"] + 2, out
-
-
-def test_a_bad_team_spin_setting_is_refused(py):
-    proc = py(
-        "import torch, torch_openreg; torch.ones(1, device='openreg')", OPENREG_TEAM_SPIN="fast"
-    )
-    assert proc.returncode != 0
-    assert "OPENREG_TEAM_SPIN='fast' is not 'auto'" in proc.stderr, describe(proc)

@@ -220,14 +220,15 @@ const Config& config() {
       }
     }
     if (const char* env = std::getenv("OPENREG_TEAM_SPIN")) {
-      // Read by the device processes (device_team.cpp, "team spin").
+      // Read where a kernel library is loaded (device_team.cpp, "team
+      // spin"): by the device processes, or by the thread driver here.
       if (*env != '\0' && std::strcmp(env, "auto") != 0 &&
           std::strcmp(env, "long") != 0 && std::strcmp(env, "short") != 0) {
         bad_setting(c,
                     "OPENREG_TEAM_SPIN='%s' is not 'auto' (the default: "
-                    "each device process chooses as it runs), 'long' or "
+                    "the driver chooses as the devices run), 'long' or "
                     "'short' (how long the device's OpenMP threads spin "
-                    "after a region, process driver)",
+                    "after a region)",
                     env);
         return c;
       }

@@ -56,12 +56,7 @@ struct Import {
 Import g_imports[kMaxImports];
 std::atomic<int> g_import_end{0};  // slots at or past it were never used
 
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull +
-         static_cast<uint64_t>(ts.tv_nsec);
-}
+using openreg_device::now_ns;
 
 // The user process's address -> this process's, or nullptr.
 void* translate_address(uint64_t addr) {
@@ -305,7 +300,7 @@ void run_worker(int index) {
   // stream's kernels. The host now starts a worker at a stream's first
   // command (process_queue.cpp, push).
   bool spun = true;
-  openreg_device::SpinWindow window;
+  openreg_device::SpinWindow& window = openreg_device::spin_window();
   for (;;) {
     uint64_t tail = ring.tail.load(std::memory_order_acquire);
     if (head == tail && !spun) {

@@ -1,9 +1,10 @@
-// openreg-device: the OpenMP team's spin, chosen per device process.
+// The device's OpenMP team's spin, chosen by a device process for its own
+// libgomp, or by the thread driver for the user's process.
 #include "device_team.h"
 
 #include <dlfcn.h>
+#include <time.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -15,10 +16,13 @@ namespace {
 // next region starts at once) or short (its threads sleep and leave the
 // core to the host), as the engine's kernel library sets it through
 // `openreg_team_spin_hint` ("team-spin" there). Each device process owns
-// its libgomp, so each chooses for itself, over windows of kSpinWindowNs,
-// from two shares: the time its workers spend running commands, and of
-// that time, the part during which a host thread waited for a device
-// (Control::host_waiting, read as each command begins and ends). The loop
+// its libgomp, so each chooses for itself; the thread driver's devices
+// share the user process's, and choose for it together. The choice is made
+// over windows of kSpinWindowNs, from two shares: the time the workers
+// spend running commands, and of that time, the part during which a host
+// thread waited for a device (read as each command begins and ends:
+// Control::host_waiting in a device process, the count itself in the
+// thread driver). The loop
 // is host-bound, and the hint is 1 (short), when the device is busy less
 // than kHostBoundBusy of the window, or when the host waited through less
 // than kHostRunsWaited of the device's work: the host's Python ran beside
@@ -34,11 +38,17 @@ namespace {
 // is 40 ms: in 10 ms ones, a loop that synchronizes every 20 ms (bench.py's
 // MLP with dropouts: the host runs ahead, then waits) showed the host
 // waiting through 0 to 1 of the device's work from one window to the next,
-// and the choice flipped every few windows.
+// and the choice flipped every few windows. The workers of all streams add
+// to one window: per worker, a stream used now and then (copies beside the
+// default stream's kernels) looked idle and flipped the process's choice at
+// each of its commands. In the thread driver the host's own CPU work shares
+// the choice, so a device idle for a whole window sets the long spin back,
+// libgomp's default (SpinWindow::idle).
 // Sent on a change only. OPENREG_TEAM_SPIN=long|short fixes the choice
 // instead (long: libgomp's default, no hint at all); validated by the host
 // (device.cpp).
-void (*g_team_spin_hint)(int) = nullptr;
+// Set once, at a kernel library's load; read by the workers.
+std::atomic<void (*)(int)> g_team_spin_hint{nullptr};
 std::atomic<int> g_team_spin_state{-1};
 constexpr double kHostBoundBusy = 0.5;
 constexpr double kDeviceBoundBusy = 0.7;
@@ -56,56 +66,103 @@ int team_spin_setting() {
 }
 
 void team_spin_hint(int host_bound) {
-  if (g_team_spin_hint != nullptr &&
+  void (*hint)(int) = g_team_spin_hint.load(std::memory_order_acquire);
+  if (hint != nullptr &&
       g_team_spin_state.load(std::memory_order_relaxed) != host_bound &&
       g_team_spin_state.exchange(host_bound) != host_bound) {
-    g_team_spin_hint(host_bound);
+    hint(host_bound);
   }
 }
 
 }  // namespace
 
-bool team_spin_chosen() { return g_team_spin_hint != nullptr; }
+bool team_spin_chosen() {
+  return g_team_spin_hint.load(std::memory_order_relaxed) != nullptr;
+}
+
+bool team_spin_short() {
+  return g_team_spin_state.load(std::memory_order_relaxed) == 1;
+}
 
 void take_team_spin_hint(void* handle) {
-  if (g_team_spin_hint == nullptr && team_spin_setting() != 1) {
+  if (!team_spin_chosen() && team_spin_setting() != 1) {
     auto* hint = reinterpret_cast<void (*)(int)>(
         dlsym(handle, "openreg_team_spin_hint"));
     if (hint != nullptr && team_spin_setting() == 2) {
       hint(1);  // short from the start; no windows
     } else {
-      g_team_spin_hint = hint;
+      g_team_spin_hint.store(hint, std::memory_order_release);
     }
   }
 }
 
+uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull +
+         static_cast<uint64_t>(ts.tv_nsec);
+}
+
 void SpinWindow::ran(uint64_t begin, uint64_t end, bool host_waited) {
-  if (g_team_spin_hint == nullptr) {
+  if (!team_spin_chosen()) {
     return;
   }
-  busy += end - begin;
+  const uint64_t run = end - begin;
+  busy_.fetch_add(run, std::memory_order_relaxed);
   if (host_waited) {
-    busy_host_waiting += end - begin;
+    busy_host_waiting_.fetch_add(run, std::memory_order_relaxed);
   }
-  if (start == 0) {
+  last_end_.store(end, std::memory_order_relaxed);
+  uint64_t start = start_.load(std::memory_order_relaxed);
+  if (start == 0 && start_.compare_exchange_strong(start, begin)) {
     start = begin;
   }
-  if (end - start < kSpinWindowNs) {
+  // Compared so, not as end - start: another worker may have closed the
+  // window after this command ended.
+  if (end < start + kSpinWindowNs) {
     return;
   }
+  std::unique_lock<std::mutex> lock(closing_, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    return;  // another worker closes it
+  }
+  start = start_.load(std::memory_order_relaxed);
+  if (end < start + kSpinWindowNs) {
+    return;
+  }
+  const uint64_t busy = busy_.exchange(0, std::memory_order_relaxed);
+  const uint64_t waited_ns =
+      busy_host_waiting_.exchange(0, std::memory_order_relaxed);
+  start_.store(end, std::memory_order_relaxed);
   const double share =
       static_cast<double>(busy) / static_cast<double>(end - start);
-  const double waited = busy == 0 ? 0.0
-                                  : static_cast<double>(busy_host_waiting) /
-                                        static_cast<double>(busy);
+  const double waited =
+      busy == 0 ? 0.0
+                : static_cast<double>(waited_ns) / static_cast<double>(busy);
   if (share < kHostBoundBusy || waited < kHostRunsWaited) {
     team_spin_hint(1);
   } else if (share > kDeviceBoundBusy && waited > kHostWaitsWaited) {
     team_spin_hint(0);
   }
-  start = end;
-  busy = 0;
-  busy_host_waiting = 0;
+}
+
+void SpinWindow::idle(uint64_t now) {
+  if (!team_spin_chosen()) {
+    return;
+  }
+  const std::lock_guard<std::mutex> lock(closing_);
+  if (now < last_end_.load(std::memory_order_relaxed) + kSpinWindowNs) {
+    return;  // a worker ran a command within the window
+  }
+  start_.store(0, std::memory_order_relaxed);
+  busy_.store(0, std::memory_order_relaxed);
+  busy_host_waiting_.store(0, std::memory_order_relaxed);
+  team_spin_hint(0);
+}
+
+SpinWindow& spin_window() {
+  static SpinWindow* window = new SpinWindow();  // workers may run at exit
+  return *window;
 }
 
 }  // namespace openreg_device

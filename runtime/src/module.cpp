@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "device_team.h"
 #include "runtime_internal.h"
 
 using namespace openreg_rt;
@@ -125,12 +126,16 @@ HostWaiting::~HostWaiting() {
 }
 
 int team_threads_now(int threads) {
-  if (threads <= 1 || g_host_waiting.load(std::memory_order_relaxed) > 0) {
+  if (threads <= 1 || host_waiting_now()) {
     return threads;
   }
   return threads - 1;
 }
 // [/doc:team-threads]
+
+bool host_waiting_now() {
+  return g_host_waiting.load(std::memory_order_relaxed) > 0;
+}
 
 std::string kernel_label(const std::string& name, const char* activity) {
   std::string label = "'" + name + "'";
@@ -219,6 +224,10 @@ orError_t orModuleLoadEx(orModule_t* module, const char* path, char* errorLog,
     why = message != nullptr ? message : "";
     return give_log(orErrorFileNotFound);
   }
+  // SIMULATOR ONLY: the engine's kernel library sets the OpenMP team's spin
+  // of this process, which the thread driver's devices share with the host
+  // ("team-spin-choice" in device_team.cpp).
+  openreg_device::take_team_spin_hint(handle);
   auto* m = new orModule_st();
   m->handle = handle;
   m->path = path;

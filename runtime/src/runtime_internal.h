@@ -184,6 +184,10 @@ class LongWait {
 // orKernelContext::team_threads of the thread driver. module.cpp.
 int team_threads_now(int threads);
 
+// True while a host thread of this process waits for a device (HostWaiting).
+// module.cpp.
+bool host_waiting_now();
+
 // True when OPENREG_DRIVER=process: every device is a process of its own
 // (process_driver.cpp) and the functions below route to proc::.
 bool process_driver();

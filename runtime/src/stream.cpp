@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "device_team.h"
 #include "runtime_internal.h"
 
 using openreg_rt::Device;
@@ -324,7 +325,19 @@ void orStream::run() {
       // Pairs with the fence in wake_worker().
       std::atomic_thread_fence(std::memory_order_seq_cst);
       const auto woken = [&] { return stop_ || published(); };
-      if (may_hold_threads) {
+      // SIMULATOR ONLY: the short spin was chosen for a loop whose host ran
+      // beside the devices; once every device has been idle for a window,
+      // the host's own CPU work gets libgomp's default back.
+      while (openreg_device::team_spin_short() && !woken()) {
+        if (!work_cv_.wait_for(
+                lock, std::chrono::nanoseconds(openreg_device::kSpinWindowNs),
+                woken)) {
+          openreg_device::spin_window().idle(openreg_device::now_ns());
+        }
+      }
+      if (woken()) {
+        // Woken while the short spin lasted.
+      } else if (may_hold_threads) {
         work_cv_.wait_for(lock, kIdleRetire, woken);
       } else {
         work_cv_.wait(lock, woken);
@@ -361,14 +374,23 @@ void orStream::run() {
       // A lost device runs nothing more: the task is dropped (a kernel's
       // user_data is not handed back; whoever waits sees
       // orErrorDeviceLost).
-    } else if (task.kernel != nullptr) {
+    } else if (task.kernel != nullptr || task.function != nullptr) {
       may_hold_threads = may_hold_threads || task.host_threads;
-      if (task.kernel(task.user_data) != 0) {
+      // The team spin's window (device_team.cpp, "team-spin-choice"): a
+      // kernel's run, and whether a host thread waited as it began or ended.
+      const bool timed = openreg_device::team_spin_chosen();
+      const uint64_t begin = timed ? openreg_device::now_ns() : 0;
+      const bool waited_before = timed && openreg_rt::host_waiting_now();
+      if (task.kernel == nullptr) {
+        run_function(task);
+      } else if (task.kernel(task.user_data) != 0) {
         record_error(orErrorLaunchFailure);
       }
-    } else if (task.function != nullptr) {
-      may_hold_threads = may_hold_threads || task.host_threads;
-      run_function(task);
+      if (timed) {
+        openreg_device::spin_window().ran(
+            begin, openreg_device::now_ns(),
+            waited_before || openreg_rt::host_waiting_now());
+      }
     } else {
       task.fn();
     }

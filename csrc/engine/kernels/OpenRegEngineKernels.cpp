@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <omp.h>
 #include <openreg.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <chrono>
@@ -254,8 +255,10 @@ void run_compiled_kernel(const unsigned char* bytes, size_t size,
 
 // [doc:team-spin]
 // SIMULATOR ONLY: how long the device's OpenMP team threads spin after a
-// region, for a device process (it owns its libgomp), which says which it
-// wants ("team-spin-choice" in runtime/src/device_team.cpp). libgomp spins
+// region, as the driver says ("team-spin-choice" in
+// runtime/src/device_team.cpp): a device process for its own libgomp, the
+// thread driver for the user process's, which its devices share with the
+// host's own CPU work. libgomp spins
 // GOMP_SPINCOUNT polls (300,000 by default, milliseconds) after a region or
 // at a barrier, so that the next region starts at once; but when the
 // process has more OpenMP threads than CPUs it spins about 100 polls and
@@ -266,8 +269,7 @@ void run_compiled_kernel(const unsigned char* bytes, size_t size,
 // OpenMP thread more, kept idle: a thread of this library runs an empty
 // region of two and keeps its team; the long spin comes back when that
 // thread ends its team (omp_pause_resource_all ends the calling thread's
-// team only). The thread driver shares the host's libgomp and does not
-// call this.
+// team only).
 namespace {
 
 class TeamSpin {
@@ -289,6 +291,8 @@ class TeamSpin {
 
  private:
   void run() {
+    // Named for top -H (its team thread takes the name too).
+    pthread_setname_np(pthread_self(), "openreg-spin");
     bool have_short = false;
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {

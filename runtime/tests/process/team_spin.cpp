@@ -1,6 +1,7 @@
-// A device process's choice of its OpenMP team's spin ("team-spin-choice" in
-// runtime/src/device_team.cpp), driven with made-up command
-// timings: this binary is the "kernel library" whose hint it takes.
+// The choice of the device's OpenMP team's spin ("team-spin-choice" in
+// runtime/src/device_team.cpp), a device process's or the thread driver's,
+// driven with made-up command timings: this binary is the "kernel library"
+// whose hint it takes.
 //
 // The choice is process-wide state, taken once; ctest runs each test in its
 // own process.
@@ -119,6 +120,54 @@ TEST(TeamSpinTest, ShortIsSentOnceAtTheStart) {
   Device device;
   device.window(0.95, 1.0);
   EXPECT_EQ(g_hints, std::vector<int>({1}));
+}
+
+TEST(TeamSpinTest, TheWorkersOfAllStreamsShareOneWindow) {
+  take_hint_from_this_binary(nullptr);
+  SpinWindow window;
+  // A default stream busy 0.9 of each millisecond, the host waiting behind
+  // it, and a copy stream that runs 50 us every 10 ms while the host runs:
+  // device-bound together. In windows of its own, the copy stream's busy
+  // share (0.005) called for the short spin at each of its commands.
+  uint64_t now = 1'000 * kMs;
+  for (uint64_t ms = 0; ms < 3 * kSpinWindowNs / kMs; ++ms) {
+    window.ran(now + kMs / 10, now + kMs, true);
+    if (ms % 10 == 5) {
+      window.ran(now, now + kMs / 20, false);
+    }
+    now += kMs;
+  }
+  EXPECT_EQ(g_hints, std::vector<int>({0}));
+}
+
+TEST(TeamSpinTest, AnIdleWindowSetsTheLongSpinBack) {
+  // The thread driver's host shares the choice: once no device has run a
+  // command for a window, its own CPU work gets libgomp's default back.
+  take_hint_from_this_binary(nullptr);
+  SpinWindow window;
+  uint64_t now = 1'000 * kMs;
+  for (uint64_t ms = 0; ms < 2 * kSpinWindowNs / kMs; ++ms) {
+    window.ran(now, now + kMs / 10, false);  // the host runs, the device idles
+    now += kMs;
+  }
+  ASSERT_EQ(g_hints, std::vector<int>({1}));
+  ASSERT_TRUE(team_spin_short());
+  // Less than a window since the last command: the short spin stays.
+  window.idle(now + kSpinWindowNs / 2);
+  EXPECT_EQ(g_hints, std::vector<int>({1}));
+  // A window without one: long.
+  now += kSpinWindowNs;
+  window.idle(now);
+  EXPECT_EQ(g_hints, std::vector<int>({1, 0}));
+  EXPECT_FALSE(team_spin_short());
+  // The next window starts at the next command, not at the last one before
+  // the idle stretch: one more host-bound window, and short again.
+  now += 5 * kSpinWindowNs;
+  for (uint64_t ms = 0; ms <= kSpinWindowNs / kMs; ++ms) {
+    window.ran(now, now + kMs / 10, false);
+    now += kMs;
+  }
+  EXPECT_EQ(g_hints, std::vector<int>({1, 0, 1}));
 }
 
 }  // namespace
