@@ -283,7 +283,13 @@ class TeamSpin {
       want_short_ = short_spin;
       if (!started_) {
         started_ = true;
-        std::thread([this] { run(); }).detach();
+        // Named for top -H before it runs (run() waits for mu_): its team
+        // thread takes the name too, and it never shows with the name of
+        // the thread that sent the hint (a stream worker's, in the thread
+        // driver).
+        std::thread spin([this] { run(); });
+        pthread_setname_np(spin.native_handle(), "openreg-spin");
+        spin.detach();
       }
     }
     cv_.notify_one();
@@ -291,8 +297,6 @@ class TeamSpin {
 
  private:
   void run() {
-    // Named for top -H (its team thread takes the name too).
-    pthread_setname_np(pthread_self(), "openreg-spin");
     bool have_short = false;
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
