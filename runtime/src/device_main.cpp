@@ -337,11 +337,9 @@ void run_worker(int index) {
     const bool waited_before =
         counts && g_control->host_waiting.load(std::memory_order_relaxed) > 0;
     run_command(ring, slot);
-    if (counts) {
-      window.ran(begin, now_ns(),
-                 waited_before || g_control->host_waiting.load(
-                                      std::memory_order_relaxed) > 0);
-    }
+    const uint64_t end = counts ? now_ns() : 0;
+    const bool waited_after =
+        counts && g_control->host_waiting.load(std::memory_order_relaxed) > 0;
     ++head;
     ring.completed.store(head, std::memory_order_seq_cst);
     // Pairs with the waiter's lowering of host_wake_at before its last look
@@ -349,6 +347,13 @@ void run_worker(int index) {
     if (head >= ring.host_wake_at.load(std::memory_order_seq_cst)) {
       ring.host_wake_at.store(UINT64_MAX, std::memory_order_seq_cst);
       futex_wake(&ring.completed);
+    }
+    // After the count: an event recorded by the command is already complete,
+    // and a hint (which may start a thread) between the two let a host that
+    // had seen the event find the stream still busy (s.query() after another
+    // stream waited for s's event).
+    if (counts) {
+      window.ran(begin, end, waited_before || waited_after);
     }
   }
 }
