@@ -160,6 +160,21 @@ void SpinWindow::idle(uint64_t now) {
   team_spin_hint(0);
 }
 
+TimedKernel::TimedKernel(bool (*host_waiting)())
+    : host_waiting_(host_waiting), timed_(team_spin_chosen()) {
+  if (timed_) {
+    begin_ = now_ns();
+    waited_ = host_waiting_();
+  }
+}
+
+TimedKernel::~TimedKernel() {
+  if (timed_) {
+    const uint64_t end = now_ns();
+    spin_window().ran(begin_, end, waited_ || host_waiting_());
+  }
+}
+
 SpinWindow& spin_window() {
   static SpinWindow* window = new SpinWindow();  // workers may run at exit
   return *window;

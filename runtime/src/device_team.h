@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 
@@ -25,6 +26,7 @@ void take_team_spin_hint(void* handle);
 // How long a window of SpinWindow lasts ("team-spin-choice" in
 // device_team.cpp).
 constexpr uint64_t kSpinWindowNs = 40'000'000;
+constexpr std::chrono::nanoseconds kSpinWindow{kSpinWindowNs};
 
 // CLOCK_MONOTONIC, in nanoseconds.
 uint64_t now_ns();
@@ -54,5 +56,22 @@ class SpinWindow {
 
 // The process's window, which every worker adds to.
 SpinWindow& spin_window();
+
+// The thread driver's worker: one kernel's run, from construction to
+// destruction, added to spin_window() with whether `host_waiting()` was true
+// as it began or ended; nothing while the choice is fixed.
+class TimedKernel {
+ public:
+  explicit TimedKernel(bool (*host_waiting)());
+  ~TimedKernel();
+  TimedKernel(const TimedKernel&) = delete;
+  TimedKernel& operator=(const TimedKernel&) = delete;
+
+ private:
+  bool (*host_waiting_)();
+  bool timed_;
+  bool waited_ = false;
+  uint64_t begin_ = 0;
+};
 
 }  // namespace openreg_device

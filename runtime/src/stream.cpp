@@ -286,9 +286,8 @@ std::string orStream::last_error_message() {
 // threads than cores and makes every thread of every pool sleep at once
 // after each parallel region, which slows the host's own CPU work several
 // times over; the pool ends with its thread. A worker that has run only
-// kernels launched with hostThreads == 1 owns no pool, and keeps sleeping:
-// a stream used once per training step (a communication stream, say) would
-// otherwise start a thread at every step, on the step's critical path.
+// kernels launched with hostThreads == 1 owns no pool, and keeps sleeping
+// (a stream used once a step would start a thread at every step).
 void orStream::run() {
   constexpr auto kSpin = std::chrono::microseconds(300);
   constexpr auto kIdleRetire = std::chrono::milliseconds(10);
@@ -325,19 +324,12 @@ void orStream::run() {
       // Pairs with the fence in wake_worker().
       std::atomic_thread_fence(std::memory_order_seq_cst);
       const auto woken = [&] { return stop_ || published(); };
-      // SIMULATOR ONLY: the short spin was chosen for a loop whose host ran
-      // beside the devices; once every device has been idle for a window,
-      // the host's own CPU work gets libgomp's default back.
-      while (openreg_device::team_spin_short() && !woken()) {
-        if (!work_cv_.wait_for(
-                lock, std::chrono::nanoseconds(openreg_device::kSpinWindowNs),
-                woken)) {
-          openreg_device::spin_window().idle(openreg_device::now_ns());
-        }
+      // SIMULATOR ONLY: the short spin's window ends when all devices idle.
+      while (openreg_device::team_spin_short() &&
+             !work_cv_.wait_for(lock, openreg_device::kSpinWindow, woken)) {
+        openreg_device::spin_window().idle(openreg_device::now_ns());
       }
-      if (woken()) {
-        // Woken while the short spin lasted.
-      } else if (may_hold_threads) {
+      if (may_hold_threads) {
         work_cv_.wait_for(lock, kIdleRetire, woken);
       } else {
         work_cv_.wait(lock, woken);
@@ -376,20 +368,11 @@ void orStream::run() {
       // orErrorDeviceLost).
     } else if (task.kernel != nullptr || task.function != nullptr) {
       may_hold_threads = may_hold_threads || task.host_threads;
-      // The team spin's window (device_team.cpp, "team-spin-choice"): a
-      // kernel's run, and whether a host thread waited as it began or ended.
-      const bool timed = openreg_device::team_spin_chosen();
-      const uint64_t begin = timed ? openreg_device::now_ns() : 0;
-      const bool waited_before = timed && openreg_rt::host_waiting_now();
+      const openreg_device::TimedKernel timed(openreg_rt::host_waiting_now);
       if (task.kernel == nullptr) {
         run_function(task);
       } else if (task.kernel(task.user_data) != 0) {
         record_error(orErrorLaunchFailure);
-      }
-      if (timed) {
-        openreg_device::spin_window().ran(
-            begin, openreg_device::now_ns(),
-            waited_before || openreg_rt::host_waiting_now());
       }
     } else {
       task.fn();
