@@ -173,6 +173,27 @@ void copy_bytes(char* dst, const char* src, size_t n) {
   }
 }
 
+// An event's record completes its stream up to the record before it signals
+// the event: a stream that waited for the event (kEventWait reads the slot)
+// must find the recording stream done that far, as the thread driver's marker
+// signals and counts under one lock. The time is taken first, for a host that
+// synchronized on the count and reads it. `h` is a copy: once the count
+// passes the ring slot, the host may refill it.
+void record_event(Ring& ring, uint64_t completed, const SlotHeader h) {
+  EventSlot& e = g_events->slots[h.a];
+  e.timestamp_ns = now_ns();
+  ring.completed.store(completed, std::memory_order_seq_cst);
+  // Records of one event on several streams may finish out of order:
+  // the slot keeps the latest generation.
+  uint64_t seen = e.completed.load(std::memory_order_relaxed);
+  while (seen < h.b && !e.completed.compare_exchange_weak(
+                           seen, h.b, std::memory_order_seq_cst)) {
+  }
+  if (e.waiters.load(std::memory_order_seq_cst) != 0) {
+    futex_wake(&e.completed);
+  }
+}
+
 void run_command(Ring& ring, const Slot& slot) {
   const SlotHeader& h = slot.h;
   switch (h.command) {
@@ -222,20 +243,6 @@ void run_command(Ring& ring, const Slot& slot) {
         return;
       }
       std::memset(dst, static_cast<int>(h.b), h.c);
-      return;
-    }
-    case kEventRecord: {
-      EventSlot& e = g_events->slots[h.a];
-      e.timestamp_ns = now_ns();
-      // Records of one event on several streams may finish out of order:
-      // the slot keeps the latest generation.
-      uint64_t seen = e.completed.load(std::memory_order_relaxed);
-      while (seen < h.b && !e.completed.compare_exchange_weak(
-                               seen, h.b, std::memory_order_seq_cst)) {
-      }
-      if (e.waiters.load(std::memory_order_seq_cst) != 0) {
-        futex_wake(&e.completed);
-      }
       return;
     }
     case kEventWait: {
@@ -336,7 +343,11 @@ void run_worker(int index) {
     const uint64_t begin = counts ? now_ns() : 0;
     const bool waited_before =
         counts && g_control->host_waiting.load(std::memory_order_relaxed) > 0;
-    run_command(ring, slot);
+    if (slot.h.command == kEventRecord) {
+      record_event(ring, head + 1, slot.h);
+    } else {
+      run_command(ring, slot);
+    }
     const uint64_t end = counts ? now_ns() : 0;
     const bool waited_after =
         counts && g_control->host_waiting.load(std::memory_order_relaxed) > 0;

@@ -108,6 +108,22 @@ TEST_F(EventTest, CompletedEventImpliesIdleStreamAndViceVersa) {
   }
 }
 
+TEST_F(EventTest, AStreamThatWaitedForAnEventFindsTheRecordingStreamDone) {
+  // Whether the wait was queued or the event had already completed when it
+  // was asked for, a stream that passed it has seen the record, so the
+  // recording stream is done up to it: its query agrees (a device process
+  // once signalled the event before it counted the stream's command).
+  StreamHandle a;
+  StreamHandle b;
+  EventHandle event(orEventDisableTiming);
+  for (int i = 0; i < 300; ++i) {
+    OR_ASSERT_OK(orEventRecord(event.get(), a.get()));
+    OR_ASSERT_OK(orStreamWaitEvent(b.get(), event.get()));
+    OR_ASSERT_OK(orStreamSynchronize(b.get()));
+    ASSERT_EQ(orSuccess, orStreamQuery(a.get())) << "iteration " << i;
+  }
+}
+
 TEST_F(EventTest, ReRecordingTracksTheLatestRecord) {
   OR_REQUIRE_HOST_KERNELS();
   StreamHandle stream;
