@@ -429,13 +429,21 @@ def thread_cpu_seconds() -> dict[str, float]:
     return roles
 
 
-def measure(name: str, device_name: str, breakdown: bool) -> dict:
+def warm_loop(name: str, device_name: str):
+    """The loop `name` on the device, built from its seed and warmed up."""
     device = torch.device(device_name)
     if device.type == "openreg":
         torch.openreg.set_fallback_warnings(False)
-    cls, warmup, steps, blocks = LOOPS[name]
+    cls, warmup, _, _ = LOOPS[name]
     loop = cls(device)
     loop.run(warmup)
+    return loop
+
+
+def measure(name: str, device_name: str, breakdown: bool) -> dict:
+    device = torch.device(device_name)
+    _, _, steps, blocks = LOOPS[name]
+    loop = warm_loop(name, device_name)
     if breakdown:
         if device.type == "openreg":
             torch.openreg._reset_launch_stats()
@@ -473,12 +481,8 @@ def measure(name: str, device_name: str, breakdown: bool) -> dict:
 def serve(name: str, device_name: str) -> None:
     """A fresh process holding one loop, timing a block whenever the orchestrator
     writes "block" on stdin; it answers with one JSON line per block."""
-    device = torch.device(device_name)
-    if device.type == "openreg":
-        torch.openreg.set_fallback_warnings(False)
-    cls, warmup, steps, _ = LOOPS[name]
-    loop = cls(device)
-    loop.run(warmup)
+    _, warmup, steps, _ = LOOPS[name]
+    loop = warm_loop(name, device_name)
     print("ready", flush=True)
     for line in sys.stdin:
         if line.strip() != "block":
