@@ -107,6 +107,12 @@ void describe(orKernelContext* ctx, const char* what) {
                 what != nullptr ? what : "");
 }
 
+// Whether a thread of the user process waits for this device now
+// (HostWaiting keeps the count in the control block).
+bool host_waiting_now() {
+  return g_control->host_waiting.load(std::memory_order_relaxed) > 0;
+}
+
 // [doc:device-team-threads]
 // SIMULATOR ONLY: as the thread driver's (doc:team-threads in module.cpp):
 // while no thread of the user process waits for a device, the host runs its
@@ -114,8 +120,7 @@ void describe(orKernelContext* ctx, const char* what) {
 // leaves it that one. The user process keeps the count of its waiting
 // threads in this process's control block (HostWaiting).
 int team_threads(orKernelContext*, int threads) {
-  if (threads <= 1 ||
-      g_control->host_waiting.load(std::memory_order_relaxed) > 0) {
+  if (threads <= 1 || host_waiting_now()) {
     return threads;
   }
   return threads - 1;
@@ -307,7 +312,6 @@ void run_worker(int index) {
   // stream's kernels. The host now starts a worker at a stream's first
   // command (process_queue.cpp, push).
   bool spun = true;
-  openreg_device::SpinWindow& window = openreg_device::spin_window();
   for (;;) {
     uint64_t tail = ring.tail.load(std::memory_order_acquire);
     if (head == tail && !spun) {
@@ -336,21 +340,19 @@ void run_worker(int index) {
     spun = false;
     const Slot& slot = ring.slots[head % kRingSlots];
     // A wait (event, host value) is not work: counted, a stream blocked
-    // behind a collective kept the team spinning (docs/event.md).
-    const bool counts = openreg_device::team_spin_chosen() &&
-                        slot.h.command != kEventWait &&
-                        slot.h.command != kWaitValue;
-    const uint64_t begin = counts ? now_ns() : 0;
-    const bool waited_before =
-        counts && g_control->host_waiting.load(std::memory_order_relaxed) > 0;
+    // behind a collective kept the team spinning (docs/event.md). Fed to the
+    // window at the end of this iteration, after the count: a hint (which
+    // may start a thread) between the command and the count let a host that
+    // had seen an event recorded by the command find the stream still busy
+    // (s.query() after another stream waited for s's event).
+    const openreg_device::TimedKernel timed(
+        &host_waiting_now,
+        slot.h.command != kEventWait && slot.h.command != kWaitValue);
     if (slot.h.command == kEventRecord) {
       record_event(ring, head + 1, slot.h);
     } else {
       run_command(ring, slot);
     }
-    const uint64_t end = counts ? now_ns() : 0;
-    const bool waited_after =
-        counts && g_control->host_waiting.load(std::memory_order_relaxed) > 0;
     ++head;
     ring.completed.store(head, std::memory_order_seq_cst);
     // Pairs with the waiter's lowering of host_wake_at before its last look
@@ -358,13 +360,6 @@ void run_worker(int index) {
     if (head >= ring.host_wake_at.load(std::memory_order_seq_cst)) {
       ring.host_wake_at.store(UINT64_MAX, std::memory_order_seq_cst);
       futex_wake(&ring.completed);
-    }
-    // After the count: an event recorded by the command is already complete,
-    // and a hint (which may start a thread) between the two let a host that
-    // had seen the event find the stream still busy (s.query() after another
-    // stream waited for s's event).
-    if (counts) {
-      window.ran(begin, end, waited_before || waited_after);
     }
   }
 }

@@ -160,8 +160,8 @@ void SpinWindow::idle(uint64_t now) {
   team_spin_hint(0);
 }
 
-TimedKernel::TimedKernel(bool (*host_waiting)())
-    : host_waiting_(host_waiting), timed_(team_spin_chosen()) {
+TimedKernel::TimedKernel(bool (*host_waiting)(), bool counts)
+    : host_waiting_(host_waiting), timed_(counts && team_spin_chosen()) {
   if (timed_) {
     begin_ = now_ns();
     waited_ = host_waiting_();

@@ -57,12 +57,13 @@ class SpinWindow {
 // The process's window, which every worker adds to.
 SpinWindow& spin_window();
 
-// The thread driver's worker: one kernel's run, from construction to
-// destruction, added to spin_window() with whether `host_waiting()` was true
-// as it began or ended; nothing while the choice is fixed.
+// A worker's command, from construction to destruction, added to
+// spin_window() with whether `host_waiting()` was true as it began or ended;
+// nothing while the choice is fixed or for a command that is not work
+// (`counts` false: a wait for an event or a host value).
 class TimedKernel {
  public:
-  explicit TimedKernel(bool (*host_waiting)());
+  explicit TimedKernel(bool (*host_waiting)(), bool counts = true);
   ~TimedKernel();
   TimedKernel(const TimedKernel&) = delete;
   TimedKernel& operator=(const TimedKernel&) = delete;
