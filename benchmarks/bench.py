@@ -6,18 +6,22 @@ bandwidth). openreg computes on the host CPU too, so the ratio is the cost
 of the device layer, or its gain where the host dispatches while the device
 computes.
 
-Method (see benchmarks/README.md): each (case, device) is timed in a fresh
-Python process, never next to the other device, because work on one device
-can change the speed of the other in the same process (the OpenMP pools of
-two threads compete for the cores). A process warms the case up, then times
-``blocks`` blocks of ``inner`` calls each (openreg blocks end with
-``torch.openreg.synchronize()``) and reports the median time per call. The
-orchestrator runs ``rounds`` (5) such processes per device, alternating
-which device goes first, and reports the ratio of the medians (the goal's
-basis), the range of the per-round ratios and the ratio of the fastest
-process of each side ("best": external noise only adds time). Unless
-``--no-busy``, a second table times three cases while one process per core
-spins, and compares each device with itself idle (busy / idle).
+Method (see benchmarks/README.md): each device runs in fresh Python
+processes, never next to the other device, because work on one device can
+change the speed of the other in the same process (the OpenMP pools of two
+threads compete for the cores). A round of a case starts one process per
+device; each builds and warms up the case, then the two time blocks of
+``inner`` calls in turn (paired.py), 15 each (5 with ``--quick``), each
+block after an untimed one and alone on the cores while the other process
+waits; openreg blocks end with ``torch.openreg.synchronize()``. This VM's
+speed changes by ~20% for tens of seconds, so a ratio compares blocks timed
+within a second of each other: the row's ratio is the median over
+``rounds`` (5) rounds of the turns' ratios, its range that of the rounds'
+medians, and "best" the ratio of the fastest block of each side. The first
+run (one call per process) still alternates whole processes. Unless
+``--no-busy``, a second table times three cases, a fresh process per round
+and device, while one process per core spins, and compares each device
+with itself idle (busy / idle).
 
 Usage: python benchmarks/bench.py [--quick] [--no-busy] [--out DIR]
 Writes DIR/bench.json and DIR/bench.png (DIR defaults to benchmarks/results).
@@ -36,6 +40,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import paired
 import torch
 import torch.nn as nn
 
@@ -334,6 +339,22 @@ def measure(name: str, device: str, quick: bool) -> dict:
     return measure_case(name, torch.device(device), quick)
 
 
+def serve_case(name: str, device_name: str, quick: bool) -> None:
+    """A fresh process holding one case, timing a block of `inner` calls
+    whenever the orchestrator asks (paired.serve)."""
+    make, inner, *_ = CASES[name]
+    device = torch.device(device_name)
+    fn = make(device)
+    for _ in range(2):  # warm up: plans, allocator pools, worker threads
+        time_per_op(fn, device, inner)
+
+    def block() -> dict:
+        time_per_op(fn, device, inner)  # untimed: the process sat idle
+        return {"seconds": time_per_op(fn, device, inner)}
+
+    paired.serve(block)
+
+
 # --- the orchestrator ---------------------------------------------------------
 def run_fresh(name: str, device: str, quick: bool, driver: str | None = None) -> dict:
     """Runs `measure(name, device)` in a new Python process (OPENREG_DRIVER=driver;
@@ -456,20 +477,41 @@ def alternate(name: str, rounds: int, quick: bool, driver: str | None = None) ->
     return runs
 
 
-def compare_case(
-    name: str,
-    goal: float,
-    goal_is_max: bool,
-    rounds: int,
-    quick: bool,
-    driver: str | None = None,
+def start_server(name: str, side: str, quick: bool) -> paired.Server:
+    """A fresh `--serve` process timing `name` for `side`: "cpu", "openreg"
+    (this process's driver) or a driver's name."""
+    device = "cpu" if side == "cpu" else "openreg"
+    cmd = [sys.executable, __file__, "--serve", name, "--device", device]
+    if quick:
+        cmd.append("--quick")
+    driver = side if side in ("thread", "process") else None
+    env = dict(os.environ, **({"OPENREG_DRIVER": driver} if driver else {}))
+    return paired.Server(cmd, env, f"{name} on {side}")
+
+
+def paired_seconds(name: str, rounds: int, quick: bool, sides: list[str]) -> dict:
+    """Seconds per call of `name`, block by block, for "cpu" and each openreg
+    side (paired.py): `rounds` rounds of fresh processes timing their blocks
+    in turn. Entry i of every side's list comes from the same turn."""
+    turns = CASES[name][2][1 if quick else 0]
+    per = paired.paired_rounds(
+        lambda side: start_server(name, side, quick), ["cpu", *sides], rounds, turns
+    )
+    return {side: [m["seconds"] for m in blocks] for side, blocks in per.items()}
+
+
+def paired_row(
+    name: str, goal: float, goal_is_max: bool, cpu: list[float], dev: list[float], rounds: int
 ) -> dict:
-    inner = CASES[name][1] if name in CASES else 1
-    runs = alternate(name, rounds, quick, driver)
-    cpu_s, dev_s = statistics.median(runs["cpu"]), statistics.median(runs["openreg"])
-    per_round = [d / c for c, d in zip(runs["cpu"], runs["openreg"], strict=True)]
-    ratio = dev_s / cpu_s
-    best = min(runs["openreg"]) / min(runs["cpu"])
+    """The row of one openreg side against the CPU's blocks of the same turns:
+    the ratio is the median of the turns' ratios, the range that of the
+    rounds' medians (a round: one pair of processes), "best" the fastest
+    block of each side."""
+    ratios = [d / c for c, d in zip(cpu, dev, strict=True)]
+    turns = len(ratios) // rounds
+    per_round = [statistics.median(ratios[i : i + turns]) for i in range(0, len(ratios), turns)]
+    ratio, best = statistics.median(ratios), min(dev) / min(cpu)
+    cpu_s, dev_s = statistics.median(cpu), statistics.median(dev)
     if not goal_is_max:  # bandwidth: higher is better
         ratio, per_round, best = 1 / ratio, [1 / p for p in per_round], 1 / best
         mb = COPY_BYTES / 1e9
@@ -486,7 +528,33 @@ def compare_case(
         goal,
         goal_is_max,
         best=best,
-        inner=inner,
+        inner=CASES[name][1],
+        cpu_seconds=cpu,
+        openreg_seconds=dev,
+    )
+
+
+def compare_case(name: str, goal: float, goal_is_max: bool, rounds: int, quick: bool) -> dict:
+    """openreg (this process's driver) against the CPU. A case of CASES is
+    timed in paired blocks; the first run, one call per process, in `rounds`
+    fresh processes per device, in turn."""
+    if name in CASES:
+        s = paired_seconds(name, rounds, quick, ["openreg"])
+        return paired_row(name, goal, goal_is_max, s["cpu"], s["openreg"], rounds)
+    runs = alternate(name, rounds, quick)
+    per_round = [d / c for c, d in zip(runs["cpu"], runs["openreg"], strict=True)]
+    cpu_s, dev_s = statistics.median(runs["cpu"]), statistics.median(runs["openreg"])
+    return row(
+        name,
+        fmt_time(cpu_s),
+        fmt_time(dev_s),
+        dev_s / cpu_s,
+        min(per_round),
+        max(per_round),
+        goal,
+        goal_is_max,
+        best=min(runs["openreg"]) / min(runs["cpu"]),
+        inner=1,
         cpu_seconds=runs["cpu"],
         openreg_seconds=runs["openreg"],
     )
@@ -501,7 +569,7 @@ def header(title: str) -> None:
 
 
 def idle_table(rounds: int, quick: bool) -> list[dict]:
-    header(f"idle machine: each device in its own fresh process, {rounds} rounds")
+    header(f"idle machine: paired blocks of fresh processes, {rounds} rounds")
     rows = [compare_case(n, c[3], c[4], rounds, quick) for n, c in CASES.items()]
     rows.append(compare_case(FIRST_RUN, FIRST_RUN_GOAL, True, rounds, quick))
 
@@ -641,7 +709,7 @@ def plot(tables: dict[str, list[dict]], path: Path) -> None:
         ax.set_title("busy: openreg busy / openreg idle" if title == "busy" else title, fontsize=10)
         ax.set_ylim(0, max(max(r["ratio_range"][1] for r in rows), 1.3) * 1.15)
     axes[0].set_ylabel("openreg / cpu (time; bandwidth for the copy)")
-    fig.suptitle("openreg vs CPU, fresh process per device (dashed: goal; bars: range)")
+    fig.suptitle("openreg vs CPU, paired blocks of fresh processes (dashed: goal; bars: range)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -676,10 +744,14 @@ def main() -> int:
         "bench_process_driver.py runs issue 62's rows with both",
     )
     parser.add_argument("--measure", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--device", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         print(json.dumps(measure(args.measure, args.device, args.quick)))
+        return 0
+    if args.serve:
+        serve_case(args.serve, args.device, args.quick)
         return 0
     os.environ["OPENREG_FALLBACK"] = args.fallback  # inherited by every fresh process
     if args.driver:
@@ -716,7 +788,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "method": "each (case, device) in a fresh process; median of the rounds",
+        "method": "paired blocks of fresh processes; median of the turns' ratios",
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),

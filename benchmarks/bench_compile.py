@@ -12,19 +12,22 @@ Three training steps (forward, backward, SGD step; the model compiled with
 Each (case, side) runs in a fresh process: ``eager-cpu``, ``compiled-cpu``,
 and ``eager-openreg`` and ``compiled-openreg`` once per driver
 (``--drivers``, both by default: ``OPENREG_DRIVER=thread`` and ``process``,
-issue 62's "with each driver"); the sides alternate over
-``--rounds`` rounds and share one Inductor code cache (a temporary
-directory), so only the first round compiles from scratch. Compilation and
-warm-up steps are not timed: a worker times each step (``time.perf_counter``,
+issue 62's "with each driver"). A round starts one process per side for a
+case; each compiles and warms up, then the sides time blocks of ``--steps``
+(5) steps in turn, 6 turns (2 with ``--quick``), in a rotating order, each
+alone while the others wait (paired.py: this VM's speed changes by ~20% for
+tens of seconds, so ratios compare blocks timed seconds apart). The rounds
+share one Inductor code cache (a temporary directory), so only the first
+compiles from scratch. Compilation and warm-up steps are not timed; each
+block follows one untimed step, times each step (``time.perf_counter``,
 openreg synchronized at the end of the step) and reports the median. The
-ratio is the median of the rounds' ratios (each round runs the sides seconds
-apart, while the VM's speed drifts over minutes), with their range; the
-times shown are the medians over the rounds.
+ratio is the median of the turns' ratios, with their range; the times shown
+are the medians over the blocks.
 
 Reported: compiled openreg / compiled CPU time per driver (issue 62's goal
 <= 1.0: the same generated kernels, and the device computes while the host
 dispatches), and the speed-up of compiling on each device (eager / compiled
-time, each a median of per-round ratios), printed but not a goal: openreg's
+time, each a median of per-turn ratios), printed but not a goal: openreg's
 speed-up over the CPU's is the eager ratio divided by the compiled one, so
 it rewards a slow eager openreg. Before each round the script waits, up to a
 minute, for the machine to be idle (other processes using < 10 % of the
@@ -47,12 +50,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import paired
 from bench import other_cpu_use  # benchmarks/bench.py: the same idle check
 
 CASES = ("mlp", "cnn", "transformer")
@@ -114,8 +117,9 @@ def _model(case):
     return Block(), torch.randn(8, 128, 256), torch.randn(8, 128, 256), F.mse_loss
 
 
-def worker(case: str, side: str, steps: int) -> dict:
-    """One (case, side) in this process: compile, warm up, time `steps` steps."""
+def serve(case: str, side: str, steps: int) -> None:
+    """One (case, side) in this process: compile and warm up, then time a
+    block of `steps` steps whenever the orchestrator asks (paired.serve)."""
     import torch
 
     torch.manual_seed(0)
@@ -139,34 +143,32 @@ def worker(case: str, side: str, steps: int) -> dict:
         step()
     sync()
     warmup_s = time.perf_counter() - start
-    times = []
-    for _ in range(steps):
-        sync()
-        t = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t)
-    return {"median_s": statistics.median(times), "times": times, "warmup_s": warmup_s}
+
+    def block() -> dict:
+        step()  # untimed: the process sat idle while the others ran
+        times = []
+        for _ in range(steps):
+            sync()
+            t = time.perf_counter()
+            step()
+            sync()
+            times.append(time.perf_counter() - t)
+        return {"median_s": statistics.median(times), "times": times, "warmup_s": warmup_s}
+
+    paired.serve(block)
 
 
-def run_worker(
-    case: str, side: str, steps: int, cache: str, threads: int | None, driver: str | None
-) -> dict:
+def start_server(
+    case: str, label: str, steps: int, cache: str, threads: int | None, drivers
+) -> paired.Server:
+    side, driver = next((s, d) for lab, s, d in sides(drivers) if lab == label)
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, OPENREG_FALLBACK_WARNINGS="0")
     if driver:
         env["OPENREG_DRIVER"] = driver
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    proc = subprocess.run(
-        [sys.executable, __file__, "--worker", case, side, "--steps", str(steps)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1200,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{case} {side} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    cmd = [sys.executable, __file__, "--serve", case, side, "--steps", str(steps)]
+    return paired.Server(cmd, env, f"{case} {label}")
 
 
 def wait_for_idle(limit: float = 0.10, timeout: float = 60.0) -> float:
@@ -178,11 +180,11 @@ def wait_for_idle(limit: float = 0.10, timeout: float = 60.0) -> float:
     return busy
 
 
-def paired(per_round, case, num, den) -> list[float]:
-    """Per-round ratios num/den of the median step times."""
+def paired_ratios(per_turn, case, num, den) -> list[float]:
+    """Per-turn ratios num/den of the blocks' median step times."""
     return [
         n["median_s"] / d["median_s"]
-        for n, d in zip(per_round[case][num], per_round[case][den], strict=True)
+        for n, d in zip(per_turn[case][num], per_turn[case][den], strict=True)
     ]
 
 
@@ -223,43 +225,47 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the workers")
     parser.add_argument("--drivers", default=",".join(DRIVERS), help="comma-separated")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    parser.add_argument("--worker", nargs=2, metavar=("CASE", "SIDE"), help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--serve", nargs=2, metavar=("CASE", "SIDE"), help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=None, help="steps per block (5)")
     args = parser.parse_args()
-    steps = args.steps or (5 if args.quick else 30)
-    if args.worker:
-        print(json.dumps(worker(*args.worker, steps)))
+    steps = args.steps or 5
+    if args.serve:
+        serve(*args.serve, steps)
         return 0
     rounds = args.rounds or (1 if args.quick else 5)
+    turns = 2 if args.quick else 6
     cases = args.cases.split(",")
     drivers = [d for d in args.drivers.split(",") if d]
     labels = sides(drivers)
-    per_round = {c: {label: [] for label, _, _ in labels} for c in cases}
+    per_turn = {c: {label: [] for label, _, _ in labels} for c in cases}
     busy = []
     with tempfile.TemporaryDirectory() as cache:
         for _ in range(rounds):
             busy.append(wait_for_idle())
             for case in cases:
-                for label, side, driver in labels:
-                    per_round[case][label].append(
-                        run_worker(case, side, steps, cache, args.threads, driver)
-                    )
+
+                def start(label, case=case):
+                    return start_server(case, label, steps, cache, args.threads, drivers)
+
+                got = paired.paired_rounds(start, [lab for lab, _, _ in labels], 1, turns)
+                for label, blocks in got.items():
+                    per_turn[case][label] += blocks
     rows = []
     for case in cases:
         med = {
-            label: statistics.median(r["median_s"] for r in per_round[case][label])
+            label: statistics.median(r["median_s"] for r in per_turn[case][label])
             for label, _, _ in labels
         }
         for d in drivers:
             eager, compiled = f"eager-openreg/{d}", f"compiled-openreg/{d}"
-            # Each round runs the sides one after the other, so the ratio of
-            # a round compares figures taken seconds apart; the VM's speed
-            # drifts over minutes, so each ratio is the median of the rounds'
-            # ratios (a paired estimate), with their range.
-            round_ratios = paired(per_round, case, compiled, "compiled-cpu")
-            ratio = statistics.median(round_ratios)
-            speedup = statistics.median(paired(per_round, case, eager, compiled))
-            speedup_cpu = statistics.median(paired(per_round, case, "eager-cpu", "compiled-cpu"))
+            # Each ratio is the median of the turns' ratios (blocks timed
+            # seconds apart: a paired estimate), with their range.
+            turn_ratios = paired_ratios(per_turn, case, compiled, "compiled-cpu")
+            ratio = statistics.median(turn_ratios)
+            speedup = statistics.median(paired_ratios(per_turn, case, eager, compiled))
+            speedup_cpu = statistics.median(
+                paired_ratios(per_turn, case, "eager-cpu", "compiled-cpu")
+            )
             rows.append(
                 {
                     "case": f"{case} training step",
@@ -269,7 +275,7 @@ def main() -> int:
                     "eager-openreg": med[eager],
                     "compiled-openreg": med[compiled],
                     "ratio": ratio,
-                    "ratio_range": [min(round_ratios), max(round_ratios)],
+                    "ratio_range": [min(turn_ratios), max(turn_ratios)],
                     "goal": GOAL,
                     "meets_goal": ratio <= GOAL,
                     "speedup": speedup,
@@ -305,10 +311,11 @@ def main() -> int:
         "torch": torch.__version__,
         "rounds": rounds,
         "steps": steps,
+        "turns": turns,
         "threads": args.threads or "default",
         "busy_before_rounds": busy,
         "rows": rows,
-        "per_round": per_round,
+        "per_turn": per_turn,
     }
     (args.out / "bench_compile.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(rows, args.out / "bench_compile.png")

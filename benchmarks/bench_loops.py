@@ -58,11 +58,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
+import paired
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -479,14 +479,12 @@ def measure(name: str, device_name: str, breakdown: bool) -> dict:
 
 
 def serve(name: str, device_name: str) -> None:
-    """A fresh process holding one loop, timing a block whenever the orchestrator
-    writes "block" on stdin; it answers with one JSON line per block."""
+    """A fresh process holding one loop, timing a block whenever the
+    orchestrator asks (paired.serve)."""
     _, warmup, steps, _ = LOOPS[name]
     loop = warm_loop(name, device_name)
-    print("ready", flush=True)
-    for line in sys.stdin:
-        if line.strip() != "block":
-            break
+
+    def block() -> dict:
         # Untimed first: the process sat idle while the others ran (its
         # caches went to them, its device chose its team's spin afresh).
         loop.run(warmup)
@@ -497,49 +495,17 @@ def serve(name: str, device_name: str) -> None:
         after = thread_cpu_seconds()
         assert math.isfinite(last), f"{name}: loss {last}"
         host = sum(after.get(k, 0.0) - before.get(k, 0.0) for k in ("host", "autograd"))
-        print(json.dumps({"seconds_per_step": wall / steps, "host_share": host / wall}), flush=True)
+        return {"seconds_per_step": wall / steps, "host_share": host / wall}
+
+    paired.serve(block)
 
 
-class Server:
-    """The orchestrator's end of serve(): a fresh process for one side."""
-
-    def __init__(self, name: str, device: str, driver: str) -> None:
-        cmd = [sys.executable, __file__, "--serve", name, "--device", device]
-        env = dict(os.environ, OPENREG_DRIVER=driver)
-        self.what = f"{name} on {device} ({driver})"
-        self.stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            text=True,
-            env=env,
-        )
-        self._expect("ready")
-
-    def _expect(self, want: str | None = None) -> str:
-        line = self.proc.stdout.readline()
-        if not line or (want is not None and line.strip() != want):
-            self.proc.kill()
-            self.stderr.seek(0)
-            err = self.stderr.read()[-3000:]
-            raise RuntimeError(f"{self.what} failed (exit {self.proc.wait()}): {line!r}\n{err}")
-        return line
-
-    def block(self) -> dict:
-        self.proc.stdin.write("block\n")
-        self.proc.stdin.flush()
-        return json.loads(self._expect())
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.stderr.close()
+def start_server(name: str, side: str) -> paired.Server:
+    """A serve() process for `side`: "cpu" or a driver's name."""
+    device, driver = ("cpu", "thread") if side == "cpu" else ("openreg", side)
+    cmd = [sys.executable, __file__, "--serve", name, "--device", device]
+    env = dict(os.environ, OPENREG_DRIVER=driver)
+    return paired.Server(cmd, env, f"{name} on {device} ({driver})")
 
 
 def bound(host_share: float) -> float:
@@ -569,23 +535,8 @@ def compare(name: str, rounds: int, drivers: list[str]) -> list[dict]:
     to 64 ms and back), so a ratio compares blocks timed seconds apart, never
     processes timed a minute apart."""
     sides = ["cpu", *drivers]
-    per: dict[str, list[dict]] = {side: [] for side in sides}
     blocks = LOOPS[name][3]
-    cycle = 0
-    for _ in range(rounds):
-        servers = {}
-        try:
-            for side in sides:
-                device, driver = ("cpu", "thread") if side == "cpu" else ("openreg", side)
-                servers[side] = Server(name, device, driver)
-            for _ in range(blocks):
-                k = cycle % len(sides)
-                cycle += 1
-                for side in sides[k:] + sides[:k]:
-                    per[side].append(servers[side].block())
-        finally:
-            for server in servers.values():
-                server.close()
+    per = paired.paired_rounds(lambda side: start_server(name, side), sides, rounds, blocks)
     cpu_times = [m["seconds_per_step"] for m in per["cpu"]]
     cpu = statistics.median(cpu_times)
     rows = []

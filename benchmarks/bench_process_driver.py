@@ -1,12 +1,13 @@
 """Issue 62's goals with each driver: OPENREG_DRIVER=thread and =process.
 
-The same cases, method and fresh processes as bench.py (see
-benchmarks/README.md), run once per driver in the same session so that the
-two drivers meet the same machine conditions: the per-operator and
-dispatch-bound rows, the host+device loop (openreg only: the loop's time
-over its host and device parts timed apart), and the start-up (the first
-`torch.ones(1, device="openreg")` after `import torch`, device synchronized,
-in a fresh process, absolute seconds). The process driver becomes the
+The same cases as bench.py (see benchmarks/README.md). The per-operator and
+dispatch-bound rows time the CPU and both drivers in paired blocks
+(paired.py): each round starts a fresh process per side, and the three time
+their blocks in turn, so that both drivers meet the same moments of the
+machine. The host+device loop (openreg only: the loop's time over its host
+and device parts timed apart, a fresh process per round and driver) and the
+start-up (the first `torch.ones(1, device="openreg")` after `import torch`,
+device synchronized, in a fresh process, absolute seconds). The process driver becomes the
 default once it meets every goal the thread driver meets (issue 62); the
 last lines say which goals keep them apart.
 
@@ -93,12 +94,19 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     start = time.perf_counter()
+    drivers = ("thread", "process")
+    # The operator rows: the CPU and both drivers in paired blocks (paired.py),
+    # so that both drivers meet the same moments of the machine.
+    samples = {}
+    for name in GOALS:
+        print(f"timing {name}: the CPU and both drivers in turn", flush=True)
+        samples[name] = bench.paired_seconds(name, args.rounds, args.quick, list(drivers))
     tables = {}
-    for driver in ("thread", "process"):
-        bench.header(f"OPENREG_DRIVER={driver}: fresh process per side, {args.rounds} rounds")
+    for driver in drivers:
+        bench.header(f"OPENREG_DRIVER={driver}: paired blocks, {args.rounds} rounds")
         rows = [
-            bench.compare_case(name, goal, True, args.rounds, args.quick, driver)
-            for name, goal in GOALS.items()
+            bench.paired_row(name, goal, True, s["cpu"], s[driver], args.rounds)
+            for (name, goal), s in zip(GOALS.items(), samples.values(), strict=True)
         ]
         rows.append(overlap_row(args.rounds, args.quick, driver))
         rows.append(startup_row(args.rounds, driver))
@@ -118,7 +126,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "method": "each (case, device, driver) in a fresh process; median of the rounds",
+        "method": "paired blocks (cpu, thread, process); median of the turns' ratios",
         "rounds": args.rounds,
         "quick": args.quick,
         "seconds": elapsed,
