@@ -377,6 +377,51 @@ def test_oom_raised_and_recovered_100_times(py):
     assert "8.00 MiB is allocated by PyTorch" in msg
 
 
+def test_a_small_first_run_needs_no_python_meta_kernel(py):
+    # The first call of torch.relu on a few floats copies its result rather
+    # than sizing it with relu's Meta kernel (Python, torch._refs), whose first
+    # call in a process imports torch._dynamo (about 1 s).
+    result = py(
+        """
+        import sys, torch
+        x = torch.randn(1000, device="openreg")
+        y = torch.relu(x)
+        assert torch.equal(y.cpu(), torch.relu(x.cpu()))
+        print("torch._dynamo" in sys.modules)
+        """
+    )
+    assert result.returncode == 0, describe(result)
+    assert result.stdout.strip() == "False"
+
+
+def test_a_small_first_run_on_a_full_device_raises_oom(py):
+    # A small result the device cannot hold, its Meta kernel skipped as above,
+    # raises torch.OutOfMemoryError; the device stays usable. Full: every
+    # block of the one segment allocated, and no room for another segment.
+    result = py(
+        """
+        import torch
+        x = torch.randn(1024, device="openreg")
+        keep = []
+        while torch.openreg.memory_allocated() < torch.openreg.memory_reserved():
+            keep.append(torch.empty(1024, device="openreg"))
+        torch.openreg.set_per_process_memory_fraction(0.0)
+        try:
+            torch.sigmoid(x)
+            raise SystemExit("no OOM")
+        except torch.OutOfMemoryError as e:
+            print("OOM", "out of memory" in str(e))
+        torch.openreg.set_per_process_memory_fraction(1.0)
+        del keep
+        y = torch.sigmoid(x)
+        assert torch.equal(y.cpu(), torch.sigmoid(x.cpu()))
+        print("ok")
+        """
+    )
+    assert result.returncode == 0, describe(result)
+    assert result.stdout.split() == ["OOM", "True", "ok"]
+
+
 def test_pinned_host_allocator_caches_and_counts():
     torch.openreg.host_memory_stats()  # available before any pinning
     x = torch.arange(1000, dtype=torch.float32).pin_memory()

@@ -169,10 +169,11 @@ bool run_described(const c10::OperatorHandle& op, const OpTraits& traits,
       std::min(reserved.size(),
                (OR_MAX_KERNEL_PARAMS - size) / sizeof(call::ReservedBlock));
   p.n_reserved = static_cast<uint32_t>(n_reserved);
-  if (traits.data_dependent) {
-    // Nothing could be reserved: one allocation of the kernel may not take
-    // more than the device has free (DescribeParams::workspace_limit).
-    p.workspace_limit = device_free_bytes(device.index());
+  if (reserved.empty()) {
+    // Nothing was reserved (sizes that depend on the data, a small call, no
+    // Meta kernel): one allocation of the kernel may not take more than the
+    // device has free (DescribeParams::workspace_limit).
+    p.workspace_limit = std::max<size_t>(1, device_free_bytes(device.index()));
   }
   std::vector<uint8_t> params(size + n_reserved * sizeof(call::ReservedBlock));
   uint8_t* at = params.data();

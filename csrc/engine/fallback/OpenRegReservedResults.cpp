@@ -1,6 +1,8 @@
 #include "engine/fallback/OpenRegReservedResults.h"
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/accumulate.h>
 
 #include <optional>
 #include <utility>
@@ -31,6 +33,53 @@ namespace openreg {
 // depend on the data) gets its block when the answer gives its size, and is
 // copied. A staged call (OpenRegFallback.cpp) holds the blocks while the host
 // computes its results.
+//
+// A call whose new results are small by its arguments alone reserves
+// nothing: the Meta kernel of many operators is Python (torch._refs, which
+// torch._meta_registrations puts over the C++ one), 50-100 us a call, and
+// the first one a process runs imports torch._dynamo (about 1 s: a first
+// torch.relu took 1.0-2.6 s), while copying a result under
+// kReserveMinBytes costs microseconds. Those are the calls of a pointwise or
+// reduction operator (its results have at most as many elements as its
+// tensor arguments broadcast together) that write no argument and whose
+// bound is under kReserveMinBytes in the widest dtype. Their results get
+// their blocks from the answer; a device too full for them raises
+// torch.OutOfMemoryError at the kernel's allocation
+// (DescribeParams::workspace_limit), before the kernel computes.
+namespace {
+constexpr uint64_t kReserveMinBytes = uint64_t{1} << 20;
+constexpr uint64_t kWidestElement = 16;  // complex128
+
+bool small_by_arguments(const c10::OperatorHandle& op, const OpTraits& traits,
+                        c10::ArrayRef<c10::IValue> args) {
+  if (traits.writes_any ||
+      !(op.hasTag(at::Tag::pointwise) || op.hasTag(at::Tag::reduction))) {
+    return false;
+  }
+  std::optional<std::vector<int64_t>> shape;
+  for (const c10::IValue& v : args) {
+    if (v.isTensor() && v.toTensor().defined()) {
+      const c10::IntArrayRef sizes = v.toTensor().sizes();
+      try {
+        shape = shape ? at::infer_size(*shape, sizes) : sizes.vec();
+      } catch (const c10::Error&) {
+        return false;  // not broadcastable: no bound from the arguments
+      }
+    } else if (v.isList()) {
+      bool tensors = false;
+      for_each_tensor(v, [&](const at::Tensor&) { tensors = true; });
+      if (tensors) {
+        return false;  // a list of tensors: results per element
+      }
+    }
+  }
+  return shape.has_value() &&
+         static_cast<uint64_t>(c10::multiply_integers(*shape)) *
+                 kWidestElement <
+             kReserveMinBytes;
+}
+}  // namespace
+
 std::vector<ReservedBlock> reserve_results(const c10::OperatorHandle& op,
                                            const OpTraits& traits,
                                            c10::ArrayRef<c10::IValue> args) {
@@ -48,7 +97,7 @@ std::vector<ReservedBlock> reserve_results(const c10::OperatorHandle& op,
     fresh[r] = traits.return_arg[r] < 0 && returns[r].alias_info() == nullptr;
     any = any || fresh[r];
   }
-  if (!any || traits.data_dependent) {
+  if (!any || traits.data_dependent || small_by_arguments(op, traits, args)) {
     return reserved;
   }
   const std::optional<std::vector<c10::IValue>> meta =

@@ -223,10 +223,11 @@ struct DescribeParams {
   uint32_t n_reserved;
   uint32_t reserved_pad;
   // The most bytes one allocation of the call's CPU kernel may take (0: no
-  // limit): what the device has free, for a call whose results' sizes
-  // depend on the data (nothing could be reserved). A larger one raises
-  // torch.OutOfMemoryError before the kernel fills it, as it could not fit
-  // on a device either.
+  // limit): what the device has free (at least 1), for a call that reserved
+  // nothing (results' sizes that depend on the data, a small call that
+  // skipped its Meta kernel, engine/fallback/OpenRegReservedResults.cpp). A
+  // larger one raises torch.OutOfMemoryError before the kernel fills it, as
+  // it could not fit on a device either.
   uint64_t workspace_limit;
 };
 
