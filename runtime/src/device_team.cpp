@@ -43,7 +43,9 @@ namespace {
 // default stream's kernels) looked idle and flipped the process's choice at
 // each of its commands. In the thread driver the host's own CPU work shares
 // the choice, so a device idle for a whole window sets the long spin back,
-// libgomp's default (SpinWindow::idle).
+// libgomp's default (SpinWindow::idle). A pause of the device for a whole
+// window (the host sleeping, loading data) is not judged: the window starts
+// afresh at the next command, and the choice the pause found stays.
 // Sent on a change only. OPENREG_TEAM_SPIN=long|short fixes the choice
 // instead (long: libgomp's default, no hint at all); validated by the host
 // (device.cpp).
