@@ -114,9 +114,12 @@ void SpinWindow::ran(uint64_t begin, uint64_t end, bool host_waited) {
   // pause says nothing of the loop, and closing it would call any loop
   // host-bound and put the next window's kernels on the short spin (a
   // dropout MLP's 20 calls after each 50 ms sleep took 1.5-2.4 ms a call
-  // instead of 1.0). The window starts afresh here; the choice stays.
+  // instead of 1.0). The window starts afresh here; the choice stays. (The
+  // thread driver's worker already did this in idle(), start_ 0, which also
+  // set the long spin back for the host's own CPU work.)
   const uint64_t last = last_end_.load(std::memory_order_relaxed);
-  if (last != 0 && begin >= last + kSpinWindowNs) {
+  if (last != 0 && begin >= last + kSpinWindowNs &&
+      start_.load(std::memory_order_relaxed) != 0) {
     const std::lock_guard<std::mutex> lock(closing_);
     if (last_end_.load(std::memory_order_relaxed) == last) {
       busy_.store(0, std::memory_order_relaxed);
