@@ -122,9 +122,7 @@ void SpinWindow::ran(uint64_t begin, uint64_t end, bool host_waited) {
       start_.load(std::memory_order_relaxed) != 0) {
     const std::lock_guard<std::mutex> lock(closing_);
     if (last_end_.load(std::memory_order_relaxed) == last) {
-      busy_.store(0, std::memory_order_relaxed);
-      busy_host_waiting_.store(0, std::memory_order_relaxed);
-      start_.store(begin, std::memory_order_relaxed);
+      restart();  // this command starts the new window, below
     }
   }
   const uint64_t run = end - begin;
@@ -174,10 +172,14 @@ void SpinWindow::idle(uint64_t now) {
   if (now < last_end_.load(std::memory_order_relaxed) + kSpinWindowNs) {
     return;  // a worker ran a command within the window
   }
+  restart();
+  team_spin_hint(0);
+}
+
+void SpinWindow::restart() {
   start_.store(0, std::memory_order_relaxed);
   busy_.store(0, std::memory_order_relaxed);
   busy_host_waiting_.store(0, std::memory_order_relaxed);
-  team_spin_hint(0);
 }
 
 TimedKernel::TimedKernel(bool (*host_waiting)(), bool counts)

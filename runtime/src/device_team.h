@@ -47,6 +47,9 @@ class SpinWindow {
   void idle(uint64_t now);
 
  private:
+  // An empty window, started by the next command; the caller holds closing_.
+  void restart();
+
   std::atomic<uint64_t> start_{0};
   std::atomic<uint64_t> busy_{0};
   std::atomic<uint64_t> busy_host_waiting_{0};
