@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "bulk_copy.h"
 #include "device_team.h"
 #include "process_protocol.h"
 
@@ -156,28 +157,6 @@ void record_error(Ring& ring, orError_t code, const char* message,
   ring.error_state.store(2, std::memory_order_release);
 }
 
-// A bulk copy uses every core, as a DMA engine saturates the memory bus;
-// small and overlapping ones are one memmove.
-void copy_bytes(char* dst, const char* src, size_t n) {
-  constexpr size_t kBulkBytes = size_t{8} << 20;
-  const bool overlapping = dst < src + n && src < dst + n;
-  const size_t workers = std::max(1u, std::thread::hardware_concurrency());
-  if (n < kBulkBytes || overlapping || workers == 1) {
-    std::memmove(dst, src, n);
-    return;
-  }
-  const size_t chunk = (n / workers + 63) / 64 * 64;
-  std::vector<std::thread> helpers;
-  for (size_t begin = chunk; begin < n; begin += chunk) {
-    const size_t len = std::min(chunk, n - begin);
-    helpers.emplace_back([=] { std::memcpy(dst + begin, src + begin, len); });
-  }
-  std::memcpy(dst, src, std::min(chunk, n));
-  for (auto& t : helpers) {
-    t.join();
-  }
-}
-
 // An event's record completes its stream up to the record before it signals
 // the event: a stream that waited for the event (kEventWait reads the slot)
 // must find the recording stream done that far, as the thread driver's marker
@@ -238,7 +217,8 @@ void run_command(Ring& ring, const Slot& slot) {
         record_error(ring, orErrorInvalidValue, "copy outside device memory");
         return;
       }
-      copy_bytes(static_cast<char*>(dst), static_cast<const char*>(src), h.c);
+      openreg_device::copy_bytes(static_cast<char*>(dst),
+                                 static_cast<const char*>(src), h.c);
       return;
     }
     case kMemset: {
