@@ -27,6 +27,9 @@ struct PinnedPool {
   std::mutex mu;                  // guards the ranges
   std::map<size_t, size_t> free;  // offset -> size, coalesced
   std::map<size_t, size_t> live;  // offset -> size
+  // Staging blocks of pageable copies kept for the next copy (guarded by
+  // `mu`; "pageable-staging" in process_queue.cpp).
+  std::vector<char*> staging;
 };
 
 // What all device processes share: the event table, the pinned pool, the
