@@ -37,6 +37,18 @@ DTYPES = [
 ]
 
 
+# How the ranks' devices run and how Gloo reaches their memory: the thread
+# driver (in place, through the kernel view), the process driver with a NIC
+# that reaches device memory (OPENREG_NIC_DMA=1, the default: in place,
+# through orMemGetDmaPointer) and without one (staged through pinned host
+# copies). docs/distributed.md, "How Gloo reaches device memory".
+DRIVERS = {
+    "thread": {"OPENREG_DRIVER": "thread"},
+    "process": {"OPENREG_DRIVER": "process"},
+    "process-staged": {"OPENREG_DRIVER": "process", "OPENREG_NIC_DMA": "0"},
+}
+
+
 def _dev(rank):
     return torch.device("openreg", rank)
 
@@ -281,12 +293,14 @@ def _stream_semantics(rank, world):
     return True
 
 
-def test_collectives_match_cpu(tmp_path):
-    run_ranks(_collectives, tmp_path, timeout=170)
+@pytest.mark.parametrize("driver", [None, "process-staged"])
+def test_collectives_match_cpu(tmp_path, driver):
+    run_ranks(_collectives, tmp_path, timeout=170, env=DRIVERS.get(driver))
 
 
-def test_stream_ordering_async_and_errors(tmp_path):
-    run_ranks(_stream_semantics, tmp_path, timeout=120)
+@pytest.mark.parametrize("driver", [None, "process-staged"])
+def test_stream_ordering_async_and_errors(tmp_path, driver):
+    run_ranks(_stream_semantics, tmp_path, timeout=120, env=DRIVERS.get(driver))
 
 
 # ---------------------------------------------------------------------------
@@ -357,11 +371,12 @@ def _calls_without_host_waits(rank, world):
 
 
 @ASYNC_ONLY
-@pytest.mark.parametrize("driver", ["thread", "process"])
+@pytest.mark.parametrize("driver", list(DRIVERS))
 def test_collective_calls_do_not_wait_for_the_device(tmp_path, driver):
-    assert run_ranks(
-        _calls_without_host_waits, tmp_path, env={"OPENREG_DRIVER": driver}, timeout=120
-    ) == [True, True]
+    assert run_ranks(_calls_without_host_waits, tmp_path, env=DRIVERS[driver], timeout=120) == [
+        True,
+        True,
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -416,11 +431,12 @@ def _waits_without_host_waits(rank, world):
 
 
 @ASYNC_ONLY
-@pytest.mark.parametrize("driver", ["thread", "process"])
+@pytest.mark.parametrize("driver", list(DRIVERS))
 def test_waiting_for_a_collective_does_not_wait_for_it_on_the_host(tmp_path, driver):
-    assert run_ranks(
-        _waits_without_host_waits, tmp_path, env={"OPENREG_DRIVER": driver}, timeout=120
-    ) == [True, True]
+    assert run_ranks(_waits_without_host_waits, tmp_path, env=DRIVERS[driver], timeout=120) == [
+        True,
+        True,
+    ]
 
 
 # ---------------------------------------------------------------------------

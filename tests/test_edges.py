@@ -40,6 +40,7 @@ def test_the_smallest_device_is_usable():
         ("OPENREG_LAUNCH_BLOCKING", "yes"),
         ("OPENREG_LAUNCH_BLOCKING", "2"),
         ("OPENREG_FALLBACK_WARNINGS", "true"),
+        ("OPENREG_NIC_DMA", "yes"),
     ],
 )
 def test_a_bad_setting_names_itself_in_the_error(variable, value):

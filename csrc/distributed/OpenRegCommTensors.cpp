@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/OpenRegEngine.h"
+#include "core/OpenRegException.h"
 #include "core/OpenRegFunctions.h"
 #include "core/OpenRegStream.h"
 
@@ -39,21 +40,31 @@ bool is_openreg(const at::Tensor& t) {
 }
 
 // [doc:c10d-alias]
-// A CPU tensor over the kernel view of `t`'s bytes (same sizes, strides and
+// A CPU tensor over the host's view of `t`'s bytes (same sizes, strides and
 // offset), owning a reference to the device storage: Gloo reads and writes
 // device memory in place, and the block cannot be freed and reused while
-// Gloo (or its queue) still holds the alias.
+// Gloo (or its queue) still holds the alias. The view is the kernel view
+// when host kernels run on device memory (thread driver), else the one the
+// device gives the communication library (orMemGetDmaPointer, as GPUDirect
+// RDMA gives a NIC); a device without one has the tensor staged.
 at::Tensor gloo_alias(const at::Tensor& t) {
   if (!is_openreg(t)) {
     return t;
   }
-  if (!host_kernels_supported()) {
-    return stage(t);
-  }
   const c10::Storage& storage = t.storage();
-  TORCH_INTERNAL_ASSERT(engine().kernel_base != nullptr,
-                        "host kernels without an engine");
-  void* base = engine().kernel_base(storage);
+  void* base = nullptr;
+  if (host_kernels_supported()) {
+    TORCH_INTERNAL_ASSERT(engine().kernel_base != nullptr,
+                          "host kernels without an engine");
+    base = engine().kernel_base(storage);
+  } else if (storage.nbytes() > 0) {
+    const orError_t err =
+        orMemGetDmaPointer(&base, storage.data(), storage.nbytes());
+    if (err == orErrorNotSupported) {
+      return stage(t);
+    }
+    OPENREG_CHECK(err);
+  }
   auto* keep = new c10::Storage(storage);
   c10::DataPtr data(
       base, keep, [](void* ctx) { delete static_cast<c10::Storage*>(ctx); },

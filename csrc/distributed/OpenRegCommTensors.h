@@ -6,11 +6,14 @@
 //    through the kernel view (orGetKernelPointer), no copy: a NIC that DMAs
 //    device memory directly (GPUDirect RDMA);
 //  - a driver whose device memory lives in another process
-//    (OPENREG_DRIVER=process): the host cannot reach device memory, so each
-//    device tensor is staged through pinned host memory, which the device
-//    copies to and from directly: copied in when the collective is called
-//    (after the work queued on the current stream), handed to Gloo, and the
-//    tensors the collective writes copied back once it has finished (queued
+//    (OPENREG_DRIVER=process): Gloo gets CPU tensors over the view the device
+//    gives the communication library (orMemGetDmaPointer: the arena mapped a
+//    second time, read-write, at addresses no device pointer uses), no copy;
+//  - without that view (OPENREG_NIC_DMA=0, memory imported from another
+//    process), each device tensor is staged through pinned host memory, which
+//    the device copies to and from directly: copied in when the collective is
+//    called (after the work queued on the current stream), handed to Gloo, and
+//    the tensors the collective writes copied back once it has finished (queued
 //    at the call behind a wait on a pinned semaphore the host sets). This is
 //    what ProcessGroupGloo does for CUDA tensors, and what a NIC without
 //    device-memory access needs. Neither copy makes the host wait.
@@ -32,8 +35,8 @@ namespace openreg::distributed {
 bool is_openreg(const at::Tensor& t);
 
 // The CPU tensor Gloo works on for `t`: `t` itself for a CPU tensor, an
-// alias of its device memory (thread driver) or a pinned host copy of it,
-// staged (see above).
+// alias of its device memory or a pinned host copy of it, staged (see
+// above).
 at::Tensor gloo_alias(const at::Tensor& t);
 std::vector<at::Tensor> gloo_aliases(const std::vector<at::Tensor>& ts);
 std::vector<std::vector<at::Tensor>> gloo_aliases(

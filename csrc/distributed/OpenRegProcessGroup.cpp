@@ -436,15 +436,17 @@ std::exception_ptr named_error(const std::string& op, std::exception_ptr e) {
 }  // namespace
 
 // [doc:c10d-launch-staged]
-// A driver whose device memory the host cannot reach: the tensors were
-// staged through pinned host memory (gloo_alias: copies queued on the
-// current stream after its work). The caller does not wait for them: the
-// group's issue thread waits for an event recorded after them and then
-// calls Gloo, in launch order; Gloo's call returns at once, so collectives
-// still run side by side. The rest is queued at launch on the group's
-// completion stream: a wait on the group's pinned semaphore for this
-// collective's number (orStreamWaitValue32), the copies of its outputs back
-// to the device, and the future's events, so the future completes at
+// A driver whose device memory the host's threads cannot compute on (the
+// process driver): Gloo works on aliases through the device's DMA view or,
+// without one, on pinned host copies (gloo_alias: copies queued on the
+// current stream after its work). The caller does not wait: the group's
+// issue thread waits for an event recorded after the work queued so far
+// (and the copies) and then calls Gloo, in launch order; Gloo's call
+// returns at once, so collectives still run side by side. The rest is
+// queued at launch on the group's completion stream: a wait on the group's
+// pinned semaphore for this collective's number (orStreamWaitValue32), the
+// copies of its outputs back to the device if staged, and the future's
+// events, so the future completes at
 // launch and nothing in the caller waits for the collective, as with the
 // thread driver (DDP's backward goes on while its buckets are reduced).
 // When Gloo has finished, the group's completion thread, in launch order,

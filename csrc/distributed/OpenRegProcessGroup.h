@@ -38,11 +38,13 @@
 // each other.
 //
 // CPU tensors go straight to Gloo: one process group serves "cpu" and
-// "openreg" tensors. With a driver whose device memory the host cannot reach
-// (OPENREG_DRIVER=process) Gloo works on pinned host copies instead of
-// aliases, copied on the current stream and handed to Gloo by a host thread
-// of the group once the copies have run, so that the host does not wait for
-// the device at the call either (OpenRegCommTensors.h, launch_staged).
+// "openreg" tensors. With a driver whose device memory lives in another
+// process (OPENREG_DRIVER=process) Gloo works on aliases through the view
+// the device gives the communication library (orMemGetDmaPointer) or,
+// without one (OPENREG_NIC_DMA=0), on pinned host copies copied on the
+// current stream; a host thread of the group hands them to Gloo once the
+// work queued before has run, so that the host does not wait for the device
+// at the call either (OpenRegCommTensors.h, launch_staged).
 #pragma once
 
 #include <memory>
@@ -145,8 +147,10 @@ class ProcessGroupOpenReg final : public c10d::Backend {
                                         const std::vector<at::Tensor>& tensors,
                                         std::vector<at::Tensor> outputs,
                                         Kind kind, Issue issue);
-  // launch() on a driver whose device memory the host cannot reach: Gloo
-  // works on the `staged` pinned host copies (OpenRegCommTensors.h).
+  // launch() on a driver whose device memory the host's threads cannot
+  // compute on: Gloo is called from the group's issue thread, on aliases
+  // through the device's DMA view or on the `staged` pinned host copies
+  // (OpenRegCommTensors.h).
   c10::intrusive_ptr<c10d::Work> launch_staged(c10d::OpType op,
                                                const std::string& op_name,
                                                c10::DeviceIndex device,

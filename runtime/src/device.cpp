@@ -134,7 +134,8 @@ orError_t create_device(int index, size_t capacity, bool kernel_view,
   }
   dev->device_base = static_cast<char*>(device_view);
   if (!kernel_view) {
-    // Process driver: only the device process reads and writes the arena.
+    // Process driver: the device process reads and writes the arena (and
+    // the communication library, through orMemGetDmaPointer's view).
     dev->free_ranges.emplace(0, capacity);
     dev->default_stream = new Stream(dev.get(), kPriorityLeast, true);
     *out = std::move(dev);
@@ -162,6 +163,7 @@ struct Config {
   size_t capacity = kDefaultCapacity;
   bool process = true;            // OPENREG_DRIVER: process (default), thread
   int64_t kernel_timeout_ns = 0;  // OPENREG_KERNEL_TIMEOUT, 0: off
+  bool nic_dma = true;            // OPENREG_NIC_DMA: 1 (default) or 0
   std::string message;            // why status is not orSuccess
 };
 
@@ -229,6 +231,21 @@ const Config& config() {
                     "the driver chooses as the devices run), 'long' or "
                     "'short' (how long the device's OpenMP threads spin "
                     "after a region)",
+                    env);
+        return c;
+      }
+    }
+    if (const char* env = std::getenv("OPENREG_NIC_DMA")) {
+      // orMemGetDmaPointer: whether the host's communication library reaches
+      // device memory in place (GPUDirect RDMA) or must stage it.
+      if (std::strcmp(env, "0") == 0) {
+        c.nic_dma = false;
+      } else if (std::strcmp(env, "1") != 0 && *env != '\0') {
+        bad_setting(c,
+                    "OPENREG_NIC_DMA='%s' is not '1' (the default: "
+                    "collectives reach device memory in place, as "
+                    "GPUDirect RDMA) or '0' (they stage it through pinned "
+                    "host memory)",
                     env);
         return c;
       }
@@ -306,6 +323,8 @@ orError_t ensure_init() {
 Runtime& runtime() { return *init_state().rt; }
 
 bool process_driver() { return config().process; }
+
+bool nic_dma() { return config().nic_dma; }
 
 int64_t kernel_timeout_ns() { return config().kernel_timeout_ns; }
 

@@ -3,8 +3,9 @@
 //
 // It maps the files the user's process passed down (process_protocol.h):
 // its control block, the shared event slots, the pinned pool and every
-// device's arena, read-write (the user's process keeps only the no-access
-// view of the arenas). Its main thread answers requests (load a module, look
+// device's arena, read-write (the user's process keeps the no-access view
+// of the arenas, and a read-write one for its communication library only,
+// orMemGetDmaPointer). Its main thread answers requests (load a module, look
 // up a function, start or stop a stream); each stream has a worker thread
 // that takes commands from its ring in order and runs them. It ends with
 // its parent (PR_SET_PDEATHSIG), and whatever kills it (a faulting kernel,

@@ -2,6 +2,7 @@
 // device's arena, pointer attributes, memcpy and memset.
 #include <fcntl.h>
 #include <linux/falloc.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -387,5 +388,54 @@ orError_t orGetKernelPointer(void** kernel_ptr_out, const void* device_ptr) {
   *kernel_ptr_out = kernel_ptr(imported, device_ptr);
   return orSuccess;
 }
+
+// [doc:dma-pointer]
+orError_t orMemGetDmaPointer(void** dma_ptr, const void* device_ptr,
+                             size_t size) {
+  if (dma_ptr == nullptr) {
+    return orErrorInvalidValue;
+  }
+  *dma_ptr = nullptr;
+  OR_RETURN_IF_ERROR(ensure_init());
+  DeviceRange range;
+  if (!find_device_range(device_ptr, &range) ||
+      !range_is_valid(range, device_ptr, size)) {
+    return orErrorInvalidDevicePointer;
+  }
+  OR_RETURN_IF_ERROR(check_not_lost(range.dev));
+  if (!nic_dma()) {
+    return orErrorNotSupported;
+  }
+  if (!process_driver()) {
+    // The kernel view is already this process's.
+    *dma_ptr = kernel_ptr(range, device_ptr);
+    return orSuccess;
+  }
+  if (range.imported) {
+    return orErrorNotSupported;  // its file is mapped in the device process
+  }
+  Device& dev = *range.dev;
+  char* base = dev.dma_base.load(std::memory_order_acquire);
+  if (base == nullptr) {
+    std::lock_guard<std::mutex> lock(dev.mem_mutex);
+    base = dev.dma_base.load(std::memory_order_relaxed);
+    if (base == nullptr) {
+      // A second mapping of the arena's file, at addresses no device
+      // pointer uses: host code that dereferences a device pointer still
+      // faults. Only pages the library touches become resident here, and
+      // orFree's hole punching reaches this mapping too.
+      void* view = mmap(nullptr, dev.capacity, PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_NORESERVE, dev.fd, 0);
+      if (view == MAP_FAILED) {
+        return orErrorMemoryAllocation;
+      }
+      base = static_cast<char*>(view);
+      dev.dma_base.store(base, std::memory_order_release);
+    }
+  }
+  *dma_ptr = base + (static_cast<const char*>(device_ptr) - dev.device_base);
+  return orSuccess;
+}
+// [/doc:dma-pointer]
 
 }  // extern "C"

@@ -67,6 +67,10 @@ struct Device {
   uint64_t inode = 0;  // of the memfd: identifies it in IPC handles
   char* device_base = nullptr;
   char* kernel_base = nullptr;
+  // Process driver: the arena mapped read-write in the user's process for
+  // the communication library (orMemGetDmaPointer), at its first call; set
+  // once under mem_mutex, never unmapped.
+  std::atomic<char*> dma_base{nullptr};
 
   std::mutex mem_mutex;                  // guards the four fields below
   std::map<size_t, size_t> live;         // offset -> size of live blocks
@@ -191,6 +195,8 @@ bool host_waiting_now();
 // True when OPENREG_DRIVER=process: every device is a process of its own
 // (process_driver.cpp) and the functions below route to proc::.
 bool process_driver();
+// False when OPENREG_NIC_DMA=0: orMemGetDmaPointer is not supported.
+bool nic_dma();
 
 namespace proc {
 // The process driver (process_driver.cpp). Callers have validated their

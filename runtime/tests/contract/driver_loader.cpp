@@ -58,6 +58,9 @@
     (dst, value, count))                                                       \
   X(orError_t, orGetKernelPointer,                                             \
     (void** kernel_ptr, const void* device_ptr), (kernel_ptr, device_ptr))     \
+  X(orError_t, orMemGetDmaPointer,                                             \
+    (void** dma_ptr, const void* device_ptr, size_t size),                     \
+    (dma_ptr, device_ptr, size))                                               \
   X(orError_t, orIpcGetMemHandle, (orIpcMemHandle_t * handle, void* devPtr),   \
     (handle, devPtr))                                                          \
   X(orError_t, orIpcOpenMemHandle,                                             \

@@ -616,4 +616,50 @@ TEST_F(MemoryTest, ConcurrentAllocationFromManyThreads) {
   EXPECT_EQ(free_before, FreeBytes());
 }
 
+// orMemGetDmaPointer: the communication library's view of device memory (a
+// NIC that DMAs it, as GPUDirect RDMA). A driver may not support it
+// (orErrorNotSupported: collectives then stage through pinned memory); when
+// it does, the view reads what copies wrote, copies read what it wrote, and
+// it is not the device address itself.
+TEST_F(MemoryTest, DmaPointerReadsAndWritesTheDeviceBytes) {
+  const size_t n = 3 * 4096 + 100;
+  DeviceBuffer buf(n);
+  const std::vector<unsigned char> in = Pattern(n, 3);
+  OR_ASSERT_OK(orMemcpy(buf.get(), in.data(), n, orMemcpyHostToDevice));
+  void* view = nullptr;
+  const orError_t err = orMemGetDmaPointer(&view, buf.get(), n);
+  if (err == orErrorNotSupported) {
+    EXPECT_EQ(nullptr, view);
+    GTEST_SKIP() << "this driver's collectives stage device memory";
+  }
+  OR_ASSERT_OK(err);
+  ASSERT_NE(nullptr, view);
+  EXPECT_NE(buf.get(), view);
+  EXPECT_EQ(0, std::memcmp(view, in.data(), n));
+  const std::vector<unsigned char> out = Pattern(n, 4);
+  std::memcpy(view, out.data(), n);
+  std::vector<unsigned char> back(n);
+  OR_ASSERT_OK(orMemcpy(back.data(), buf.get(), n, orMemcpyDeviceToHost));
+  EXPECT_EQ(out, back);
+  void* inside = nullptr;
+  OR_ASSERT_OK(orMemGetDmaPointer(&inside, buf.bytes() + 4097, 100));
+  EXPECT_EQ(static_cast<char*>(view) + 4097, inside);
+}
+
+TEST_F(MemoryTest, DmaPointerRefusesWhatIsNotLiveDeviceMemory) {
+  DeviceBuffer buf(4096);
+  EXPECT_EQ(orErrorInvalidValue, orMemGetDmaPointer(nullptr, buf.get(), 1));
+  void* view = reinterpret_cast<void*>(0x1);
+  int host = 0;
+  EXPECT_EQ(orErrorInvalidDevicePointer,
+            orMemGetDmaPointer(&view, &host, sizeof(host)));
+  EXPECT_EQ(nullptr, view);
+  EXPECT_EQ(orErrorInvalidDevicePointer,
+            orMemGetDmaPointer(&view, buf.get(), 4096 + 1));
+  void* freed = nullptr;
+  OR_ASSERT_OK(orMalloc(&freed, 4096));
+  OR_ASSERT_OK(orFree(freed));
+  EXPECT_EQ(orErrorInvalidDevicePointer, orMemGetDmaPointer(&view, freed, 16));
+}
+
 }  // namespace
