@@ -26,10 +26,10 @@ range. openreg computes on the host, so the ratio is the cost of the device
 layer: kernel views, the communication streams and their ordering.
 
 openreg runs with the environment's driver (``OPENREG_DRIVER``, process by
-default); ``make bench`` runs it once per driver. With the process driver
-Gloo works on pinned host copies of the device tensors (the device's memory
-is mapped only in its own process), with the thread driver on the device
-memory itself (docs/distributed.md).
+default); ``make bench`` runs it once per driver. Gloo works on the device
+memory itself with either driver (the process driver's view for the
+communication library, orMemGetDmaPointer), and on pinned host copies with
+``OPENREG_NIC_DMA=0`` (docs/distributed.md).
 
 Usage: python benchmarks/bench_distributed.py [--quick] [--out DIR]
 Writes DIR/bench_distributed.json and DIR/bench_distributed.png.

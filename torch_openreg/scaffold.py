@@ -243,7 +243,8 @@ Everything else is the integration every backend needs and is ready: the
 device guard, streams and events, the caching allocator with its
 statistics and out-of-memory errors, pinned host memory, generators, hooks,
 autograd, autocast, serialization, the profiler, `torch.distributed`
-(Gloo through pinned host copies), the Python module `torch.{name}`, the
+(Gloo on device memory through the runtime's DMA view, or through pinned
+host copies), the Python module `torch.{name}`, the
 `{upper}_*` settings and the conformance kit
 (`.venv/bin/python -m torch_{name}.conformance --device {name}`).
 The `docs/` folder of the project this was written from describes each
