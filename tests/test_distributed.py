@@ -298,6 +298,42 @@ def test_collectives_match_cpu(tmp_path, driver):
     run_ranks(_collectives, tmp_path, timeout=170, env=DRIVERS.get(driver))
 
 
+def _received_values(rank):
+    return _values(rank, (64, 33), torch.float32, salt=5)
+
+
+def _collective_on_received_memory(rank, world, tensors):
+    # tensors[rank] is the parent's device memory, opened here (docs/ipc.md):
+    # Gloo reaches it through this process's view of it, or stages it.
+    t = tensors[rank]
+    assert t.device == _dev(rank), t.device
+    want = sum(_received_values(r) for r in range(world))
+    pinned = torch.openreg.host_memory_stats()["allocated_bytes.allocated"]
+    dist.all_reduce(t)
+    _check_close(t, want, "all_reduce on memory received from another process")
+    outs = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(outs, t * (rank + 1))
+    for r, out in enumerate(outs):
+        _check_close(out, want * (r + 1), "all_gather of received memory")
+    torch.openreg.synchronize()
+    # Pinned host bytes the collectives took: staging copies, or none.
+    staged = torch.openreg.host_memory_stats()["allocated_bytes.allocated"] - pinned
+    return staged >= t.nbytes
+
+
+@pytest.mark.parametrize("driver", [None, "process-staged"])
+def test_collectives_on_memory_received_from_another_process(tmp_path, driver):
+    tensors = [_received_values(r).to(_dev(r)) for r in range(2)]
+    staged = run_ranks(_collective_on_received_memory, tmp_path, tensors, env=DRIVERS.get(driver))
+    # In place with either driver (the process driver through its view of the
+    # received memory, orMemGetDmaPointer); staged only without that view.
+    assert staged == [driver == "process-staged"] * 2, staged
+    # The ranks wrote the parent's memory in place.
+    want = _received_values(0) + _received_values(1)
+    for t in tensors:
+        _check_close(t, want, "the sender's memory after the ranks' all_reduce")
+
+
 @pytest.mark.parametrize("driver", [None, "process-staged"])
 def test_stream_ordering_async_and_errors(tmp_path, driver):
     run_ranks(_stream_semantics, tmp_path, timeout=120, env=DRIVERS.get(driver))

@@ -9,8 +9,8 @@
 //    (OPENREG_DRIVER=process): Gloo gets CPU tensors over the view the device
 //    gives the communication library (orMemGetDmaPointer: the arena mapped a
 //    second time, read-write, at addresses no device pointer uses), no copy;
-//  - without that view (OPENREG_NIC_DMA=0, memory imported from another
-//    process), each device tensor is staged through pinned host memory, which
+//  - without that view (OPENREG_NIC_DMA=0), each device tensor is staged
+//  through pinned host memory, which
 //    the device copies to and from directly: copied in when the collective is
 //    called (after the work queued on the current stream), handed to Gloo, and
 //    the tensors the collective writes copied back once it has finished (queued

@@ -256,9 +256,10 @@ OPENREG_API orError_t orGetKernelPointer(void** kernel_ptr,
 /* The address at which the host's communication library (a NIC that DMAs
  * device memory, as with GPUDirect RDMA) reads and writes `size` bytes of
  * live device memory at device_ptr in place; for collectives only, ordered
- * with the streams by events. orErrorNotSupported when the device has no
- * such access (OPENREG_NIC_DMA=0, or memory imported from another process):
- * stage the bytes through pinned host memory instead. */
+ * with the streams by events; memory opened from another process
+ * (orIpcOpenMemHandle) too. orErrorNotSupported when the device has no such
+ * access (OPENREG_NIC_DMA=0): stage the bytes through pinned host memory
+ * instead. */
 OPENREG_API orError_t orMemGetDmaPointer(void** dma_ptr, const void* device_ptr,
                                          size_t size);
 

@@ -73,6 +73,7 @@ struct ImportSlot {
   std::atomic<uint32_t> seq{0};
   std::atomic<char*> device_base{nullptr};  // nullptr: slot unused
   std::atomic<char*> kernel_base{nullptr};
+  std::atomic<char*> dma_base{nullptr};
   std::atomic<size_t> size{0};
   std::atomic<int> device{0};
   std::atomic<int> pid{0};
@@ -81,6 +82,7 @@ struct ImportSlot {
   int refs = 0;
   char* map_device = nullptr;  // the page-aligned mappings
   char* map_kernel = nullptr;
+  char* map_dma = nullptr;
   size_t map_len = 0;
   uint64_t inode = 0;
   uint64_t offset = 0;
@@ -91,11 +93,19 @@ std::mutex g_import_mutex;  // serializes writers of g_imports
 ImportSlot g_imports[kMaxImports];
 std::atomic<int> g_import_end{0};  // slots at or past it were never used
 
+// The page-aligned mappings of one import; a view nullptr when absent.
+struct ImportViews {
+  char* device = nullptr;
+  char* kernel = nullptr;
+  char* dma = nullptr;
+};
+
 void publish(ImportSlot& slot, char* device_base, char* kernel_base,
-             size_t size, int device, int pid) {
+             char* dma_base, size_t size, int device, int pid) {
   slot.seq.fetch_add(1, std::memory_order_relaxed);  // odd: writing
   std::atomic_thread_fence(std::memory_order_release);
   slot.kernel_base.store(kernel_base, std::memory_order_relaxed);
+  slot.dma_base.store(dma_base, std::memory_order_relaxed);
   slot.size.store(size, std::memory_order_relaxed);
   slot.device.store(device, std::memory_order_relaxed);
   slot.pid.store(pid, std::memory_order_relaxed);
@@ -105,12 +115,18 @@ void publish(ImportSlot& slot, char* device_base, char* kernel_base,
 
 // Maps [begin, begin + len) of fd as a device view and a kernel view. With
 // the process driver only the device view: the device processes map the
-// range read-write themselves (proc::map_import), by the path of `fd`.
-orError_t map_views(int fd, size_t begin, size_t len, char** device_view,
-                    char** kernel_view, int slot) {
-  void* d = mmap(nullptr, len, PROT_NONE, MAP_SHARED | MAP_NORESERVE, fd,
-                 static_cast<off_t>(begin));
-  if (d == MAP_FAILED) {
+// range read-write themselves (proc::map_import), by the path of `fd`; and,
+// unless OPENREG_NIC_DMA=0, the communication library's view, as the
+// process's own arenas have one (orMemGetDmaPointer).
+orError_t map_views(int fd, size_t begin, size_t len, ImportViews* views,
+                    int slot) {
+  auto map = [&](int prot) -> char* {
+    void* v = mmap(nullptr, len, prot, MAP_SHARED | MAP_NORESERVE, fd,
+                   static_cast<off_t>(begin));
+    return v == MAP_FAILED ? nullptr : static_cast<char*>(v);
+  };
+  char* d = map(PROT_NONE);
+  if (d == nullptr) {
     return orErrorMapBufferObjectFailed;
   }
   if (process_driver()) {
@@ -122,18 +138,16 @@ orError_t map_views(int fd, size_t begin, size_t len, char** device_view,
       munmap(d, len);
       return err;
     }
-    *device_view = static_cast<char*>(d);
-    *kernel_view = nullptr;
+    // Without the view, collectives stage the memory (not an error).
+    *views = {d, nullptr, nic_dma() ? map(PROT_READ | PROT_WRITE) : nullptr};
     return orSuccess;
   }
-  void* k = mmap(nullptr, len, PROT_READ | PROT_WRITE,
-                 MAP_SHARED | MAP_NORESERVE, fd, static_cast<off_t>(begin));
-  if (k == MAP_FAILED) {
+  char* k = map(PROT_READ | PROT_WRITE);
+  if (k == nullptr) {
     munmap(d, len);
     return orErrorMapBufferObjectFailed;
   }
-  *device_view = static_cast<char*>(d);
-  *kernel_view = static_cast<char*>(k);
+  *views = {d, k, nullptr};
   return orSuccess;
 }
 
@@ -196,6 +210,7 @@ bool find_imported(const void* p, DeviceRange* out) {
       char* base = slot.device_base.load(std::memory_order_relaxed);
       const size_t size = slot.size.load(std::memory_order_relaxed);
       char* kernel = slot.kernel_base.load(std::memory_order_relaxed);
+      char* dma = slot.dma_base.load(std::memory_order_relaxed);
       const int device = slot.device.load(std::memory_order_relaxed);
       const int pid = slot.pid.load(std::memory_order_relaxed);
       std::atomic_thread_fence(std::memory_order_acquire);
@@ -208,6 +223,7 @@ bool find_imported(const void* p, DeviceRange* out) {
       out->dev = runtime().devices[static_cast<size_t>(device)].get();
       out->device_base = base;
       out->kernel_base = kernel;
+      out->dma_base = dma;
       out->size = size;
       out->imported = true;
       out->owner_pid = pid;
@@ -326,28 +342,30 @@ orError_t orIpcOpenMemHandle(void** devPtr, orIpcMemHandle_t handle,
   const size_t begin = h.offset / page_size() * page_size();
   const size_t end_byte =
       (h.offset + h.size + page_size() - 1) / page_size() * page_size();
-  char* device_view = nullptr;
-  char* kernel_view = nullptr;
-  const orError_t err =
-      map_views(fd, begin, end_byte - begin, &device_view, &kernel_view,
-                static_cast<int>(free_slot - g_imports));
+  ImportViews views;
+  const orError_t err = map_views(fd, begin, end_byte - begin, &views,
+                                  static_cast<int>(free_slot - g_imports));
   close(fd);  // the mappings keep the file alive
   OR_RETURN_IF_ERROR(err);
   free_slot->refs = 1;
-  free_slot->map_device = device_view;
-  free_slot->map_kernel = kernel_view;
+  free_slot->map_device = views.device;
+  free_slot->map_kernel = views.kernel;
+  free_slot->map_dma = views.dma;
   free_slot->map_len = end_byte - begin;
   free_slot->inode = h.inode;
   free_slot->offset = h.offset;
   free_slot->generation = h.generation;
   const size_t skew = h.offset - begin;
-  publish(*free_slot, device_view + skew, kernel_view + skew, h.size, h.device,
-          h.pid);
+  auto at_skew = [skew](char* view) {
+    return view == nullptr ? nullptr : view + skew;
+  };
+  publish(*free_slot, views.device + skew, at_skew(views.kernel),
+          at_skew(views.dma), h.size, h.device, h.pid);
   const int index = static_cast<int>(free_slot - g_imports);
   if (index >= end) {
     g_import_end.store(index + 1, std::memory_order_release);
   }
-  *devPtr = device_view + skew;
+  *devPtr = views.device + skew;
   return orSuccess;
 }
 
@@ -368,16 +386,19 @@ orError_t orIpcCloseMemHandle(void* devPtr) {
       return orSuccess;
     }
     // Unpublish before unmapping, so no lookup translates into a hole.
-    publish(slot, nullptr, nullptr, 0, 0, 0);
+    publish(slot, nullptr, nullptr, nullptr, 0, 0, 0);
     if (process_driver()) {
       proc::unmap_import(i);
     }
     munmap(slot.map_device, slot.map_len);
-    if (slot.map_kernel != nullptr) {
-      munmap(slot.map_kernel, slot.map_len);
+    for (char* view : {slot.map_kernel, slot.map_dma}) {
+      if (view != nullptr) {
+        munmap(view, slot.map_len);
+      }
     }
     slot.map_device = nullptr;
     slot.map_kernel = nullptr;
+    slot.map_dma = nullptr;
     return orSuccess;
   }
   return orErrorInvalidDevicePointer;

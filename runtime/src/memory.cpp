@@ -412,7 +412,13 @@ orError_t orMemGetDmaPointer(void** dma_ptr, const void* device_ptr,
     return orSuccess;
   }
   if (range.imported) {
-    return orErrorNotSupported;  // its file is mapped in the device process
+    // Mapped when the handle was opened (ipc.cpp, map_views).
+    if (range.dma_base == nullptr) {
+      return orErrorNotSupported;
+    }
+    *dma_ptr = range.dma_base +
+               (static_cast<const char*>(device_ptr) - range.device_base);
+    return orSuccess;
   }
   Device& dev = *range.dev;
   char* base = dev.dma_base.load(std::memory_order_acquire);

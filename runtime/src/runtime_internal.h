@@ -290,6 +290,9 @@ struct DeviceRange {
   size_t size = 0;
   bool imported = false;
   int owner_pid = 0;  // imported only: the exporting process
+  // Imported with the process driver: the communication library's view in
+  // this process (orMemGetDmaPointer), nullptr without one.
+  char* dma_base = nullptr;
 };
 // The range that contains p: the arenas first (the hot path), then the
 // imported allocations. False for host memory.

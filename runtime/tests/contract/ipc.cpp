@@ -1,6 +1,7 @@
 // Device memory shared between processes, what any driver must do:
 // orIpcGetMemHandle, orIpcOpenMemHandle, orIpcCloseMemHandle (bad arguments,
-// same process, closing twice, stale handles, memory shared both ways).
+// same process, closing twice, stale handles, memory shared both ways), and
+// the communication library's view of opened memory (orMemGetDmaPointer).
 // A handle must be opened by another process: ../ipc_peer.h starts one.
 #include <cstring>
 #include <vector>
@@ -178,6 +179,45 @@ TEST_F(IpcTest, PeerMemoryIsSharedBothWays) {
             orMemcpy(bytes.data(), p, attr.size + 1, orMemcpyDeviceToHost));
   OR_EXPECT_OK(orMemset(p, 0, attr.size));
   OR_EXPECT_OK(orIpcCloseMemHandle(p));
+  EXPECT_TRUE(peer.Quit());
+}
+
+// The communication library's view (orMemGetDmaPointer) of memory opened
+// from another process: where a driver gives one, it reads the peer's bytes
+// and the peer reads what it wrote, with no copy.
+TEST_F(IpcTest, DmaPointerReachesPeerMemory) {
+  OR_REQUIRE_IPC();
+  Peer peer;
+  ASSERT_TRUE(peer.ok());
+  void* p = nullptr;
+  OR_ASSERT_OK(orIpcOpenMemHandle(&p, peer.handle(), 0));
+  void* view = nullptr;
+  const orError_t err = orMemGetDmaPointer(&view, p, kPeerBytes);
+  if (err == orErrorNotSupported) {
+    EXPECT_EQ(nullptr, view);
+    OR_EXPECT_OK(orIpcCloseMemHandle(p));
+    GTEST_SKIP() << "this driver's collectives stage imported memory";
+  }
+  OR_ASSERT_OK(err);
+  ASSERT_NE(nullptr, view);
+  EXPECT_NE(p, view) << "a view of its own, not the device address";
+  auto* bytes = static_cast<unsigned char*>(view);
+  for (size_t i = 0; i < kPeerBytes; ++i) {
+    ASSERT_EQ(PeerPattern(i), bytes[i]) << "byte " << i;
+  }
+  for (size_t i = 0; i < kPeerBytes; ++i) {
+    bytes[i] = ReplyPattern(i);
+  }
+  EXPECT_EQ('y', peer.Ask('c'));
+  void* inside = nullptr;
+  OR_ASSERT_OK(orMemGetDmaPointer(&inside, static_cast<char*>(p) + 4097, 100));
+  EXPECT_EQ(bytes + 4097, inside);
+  EXPECT_EQ(orErrorInvalidDevicePointer,
+            orMemGetDmaPointer(&inside, p,
+                               openreg_test::RoundUp(kPeerBytes, 512) + 1));
+  OR_EXPECT_OK(orIpcCloseMemHandle(p));
+  EXPECT_EQ(orErrorInvalidDevicePointer, orMemGetDmaPointer(&inside, p, 1))
+      << "closed";
   EXPECT_TRUE(peer.Quit());
 }
 
