@@ -10,12 +10,12 @@
 //    gives the communication library (orMemGetDmaPointer: the arena mapped a
 //    second time, read-write, at addresses no device pointer uses), no copy;
 //  - without that view (OPENREG_NIC_DMA=0), each device tensor is staged
-//  through pinned host memory, which
-//    the device copies to and from directly: copied in when the collective is
-//    called (after the work queued on the current stream), handed to Gloo, and
-//    the tensors the collective writes copied back once it has finished (queued
-//    at the call behind a wait on a pinned semaphore the host sets). This is
-//    what ProcessGroupGloo does for CUDA tensors, and what a NIC without
+//    through pinned host memory, which the device copies to and from
+//    directly: copied in when the collective is called (after the work
+//    queued on the current stream), handed to Gloo, and the tensors the
+//    collective writes copied back once it has finished (queued at the call
+//    behind a wait on a pinned semaphore the host sets). This is what
+//    ProcessGroupGloo does for CUDA tensors, and what a NIC without
 //    device-memory access needs. Neither copy makes the host wait.
 #pragma once
 
