@@ -280,6 +280,11 @@ def _stream_semantics(rank, world):
             dist.all_reduce(a)
         assert torch.equal(a.cpu(), torch.full((1 << 10,), 3.0))
         assert torch.equal(b.cpu(), torch.full((1 << 10,), 30.0))
+    # The group is used at least once before it is destroyed, also with
+    # OPENREG_LAUNCH_BLOCKING=1 where the loop above does not run: new_group()
+    # makes no barrier (TORCH_DIST_INIT_BARRIER=0), so a rank destroying the
+    # group at once could close a socket its peer is still connecting.
+    dist.barrier(group=other)
     dist.destroy_process_group(other)
 
     # Non-contiguous input: refused with a clear message (like Gloo on CPU).
