@@ -18,7 +18,8 @@
  *   pointer on the host faults, and the runtime prints which device and
  *   offset were touched before the process dies. Code that runs *as the
  *   device* (kernels) reaches the same bytes through orGetKernelPointer().
- * - Streams are in-order queues, each drained by its own worker thread.
+ * - Streams are in-order queues, each drained by its own worker thread
+ *   (OPENREG_DRIVER=process, the default: in one process per device).
  *
  * Thread-safety: every function may be called from any thread. The current
  * device is thread-local, as in CUDA.
@@ -276,13 +277,10 @@ OPENREG_API orError_t orMemGetDmaPointer(void** dma_ptr, const void* device_ptr,
  * tell the other process by host means); the runtime orders nothing across
  * processes.
  *
- * How the simulator does it: the arena of a device is a memfd; the handle
- * names the owner's pid and file descriptor, and the peer reopens that file
- * through /proc/<pid>/fd/<fd> and maps the allocation's pages twice, like
- * its own arena (a PROT_NONE device view whose addresses it returns, and a
- * kernel view for orGetKernelPointer). So both processes must run as the
- * same user in the same PID namespace, and the owner must be dumpable (the
- * default). A mapping stays valid after the owner exits.
+ * The simulator reopens the owner's arena file through /proc/<pid>/fd, so
+ * both processes must run as the same user in the same PID namespace and
+ * the owner must be dumpable (the default); a mapping stays valid after the
+ * owner exits (docs/ipc.md says how).
  *
  * Both processes see the allocation as memory of device `d` of their own
  * machine, where d is the owner's device ordinal (the peer needs at least
@@ -501,19 +499,14 @@ typedef struct orKernelContext {
    * OR_MAX_PENDING_WARNINGS per stream it only counts them. */
   void (*warn)(struct orKernelContext* ctx, const char* message);
   /* Version 4. SIMULATOR ONLY (a device with cores of its own returns
-   * `threads`): how many of `threads` host threads a kernel should use now,
-   * for a kernel whose results do not depend on its thread count (each
-   * element computed alike whichever thread computes it). The simulated
-   * device computes on the host's cores. While no host thread waits for the
-   * device (in a synchronization of a stream, an event or the device, or in
-   * a launch waiting for room on a full stream), the host is running its own
-   * work on one of them, and a kernel team using them all would keep
-   * stopping for the thread that shares its core with the host: then it
-   * returns threads - 1 (at least 1), so that the host's work and the
-   * device's overlap as they do with a real device. While a host thread
-   * waits it returns `threads`. Both drivers: the process driver's device
-   * processes read the user process's count of waiting threads in their
-   * control blocks. */
+   * `threads`): how many of `threads` host threads a kernel whose results do
+   * not depend on its thread count should use now. The simulated device
+   * computes on the host's cores: while no host thread waits for the device
+   * (a synchronization, or a launch waiting for room on a full stream), the
+   * host runs its own work on one of them, and a team using them all would
+   * keep stopping for it, so this returns threads - 1 (at least 1); while a
+   * host thread waits, `threads`. The process driver's device processes
+   * read the user process's count of waiting threads. */
   int (*team_threads)(struct orKernelContext* ctx, int threads);
 } orKernelContext;
 

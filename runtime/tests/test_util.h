@@ -12,6 +12,7 @@
 #include <mutex>
 #include <ostream>
 #include <thread>
+#include <vector>
 
 // Makes gtest print "orErrorNotReady (7)" instead of a bare number.
 inline void PrintTo(orError_t err, std::ostream* os) {
@@ -30,6 +31,16 @@ inline int DeviceCount() {
 }
 
 inline size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// n bytes of a pattern that differs with `seed` and does not repeat with
+// any short period, so a copy from the wrong offset shows.
+inline std::vector<unsigned char> BytePattern(size_t n, unsigned seed) {
+  std::vector<unsigned char> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = static_cast<unsigned char>((i * 131 + seed * 7 + (i >> 8)) & 0xff);
+  }
+  return v;
+}
 
 // Skips the current test unless at least `n` devices exist.
 #define OR_REQUIRE_DEVICES(n)                             \
