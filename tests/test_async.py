@@ -283,26 +283,32 @@ def test_set_num_threads_limits_the_device_kernels(py, blocking):
 @pytest.mark.skipif(
     os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1", reason="launches wait in blocking mode"
 )
-def test_non_blocking_copy_from_pageable_memory_is_staged():
-    # As CUDA's driver: the bytes are staged in pinned memory at the call and
-    # the copy is queued; the host waits neither for the copy nor for the
-    # stream's earlier work. Later changes to the source do not reach it.
+@pytest.mark.parametrize("side", [64, 128])
+def test_non_blocking_copy_from_pageable_memory_is_staged(side):
+    # As CUDA's driver: the bytes are captured at the call and the copy is
+    # queued; the host waits neither for the copy nor for the stream's
+    # earlier work. Later changes to the source do not reach it. Up to
+    # OR_MAX_INLINE_COPY_BYTES (32 KiB: side 64) the bytes travel in the
+    # queued command; above (side 128: 64 KiB), through pinned memory.
     x = torch.randn(256, 256, device=D)
-    torch.full((64, 64), 0.0).to(D, non_blocking=True)  # first runs learnt here
+    torch.full((side, side), 0.0).to(D, non_blocking=True)  # first runs learnt here
     x @ x
     torch.openreg.synchronize()
-    sources = [torch.full((64, 64), float(i)) for i in range(40)]
+    sources = [torch.full((side, side), float(i)) for i in range(40)]
     torch.openreg._reset_launch_stats()
+    pinned = torch.openreg.host_memory_stats()["allocated_bytes.allocated"]
     y = x @ x  # queued work ahead of the copies
     copies = []
     for src in sources:
         copies.append(src.to(D, non_blocking=True))
         src.fill_(-1.0)  # the caller reuses its buffer at once
     stats = torch.openreg._launch_stats()
+    staged = torch.openreg.host_memory_stats()["allocated_bytes.allocated"] - pinned
     assert stats["host_waits"] == 0, stats
     for i, c in enumerate(copies):
-        assert torch.equal(c.cpu(), torch.full((64, 64), float(i)))
+        assert torch.equal(c.cpu(), torch.full((side, side), float(i)))
     torch.testing.assert_close(y.cpu(), x.cpu() @ x.cpu())
+    assert (staged > 0) == (side * side * 4 > 32768), staged
     # A blocking copy from pageable memory still waits for the stream.
     torch.openreg._reset_launch_stats()
     torch.ones(8).to(D)

@@ -73,7 +73,9 @@ bool try_async_pinned_copy(const at::Tensor& src, const at::Tensor& dst,
 // ordinary CPU tensor would drain the stream at the start of every training
 // step, and the host could never dispatch a step while the device computes
 // the previous one. Larger copies than kMaxStagedBytes keep the waiting
-// path, which needs no second host copy of the data.
+// path, which needs no second host copy of the data; copies of at most
+// OR_MAX_INLINE_COPY_BYTES need no pinned block (the runtime captures their
+// bytes in the queued command).
 constexpr size_t kMaxStagedBytes = size_t{64} << 20;
 
 bool try_staged_h2d_copy(const at::Tensor& src, const at::Tensor& dst,
@@ -83,6 +85,12 @@ bool try_staged_h2d_copy(const at::Tensor& src, const at::Tensor& dst,
     return false;
   }
   const size_t nbytes = dst.nbytes();
+  if (nbytes <= OR_MAX_INLINE_COPY_BYTES) {
+    // Small: the runtime carries the bytes in the queued command itself.
+    memcpy_on_stream(dst.data_ptr(), src.const_data_ptr(), nbytes,
+                     orMemcpyHostToDevice, getCurrentStream(device));
+    return true;
+  }
   c10::DataPtr staging = host_allocator()->allocate(nbytes);
   std::memcpy(staging.get(), src.const_data_ptr(), nbytes);
   const OpenRegStream stream = getCurrentStream(device);

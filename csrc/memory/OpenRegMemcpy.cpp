@@ -27,7 +27,11 @@ void memcpy_on_stream(void* dst, const void* src, size_t nbytes,
   const bool pageable =
       (kind == orMemcpyHostToDevice && !is_pinned_range(src)) ||
       (kind == orMemcpyDeviceToHost && !is_pinned_range(dst));
-  if (pageable) {
+  // A small copy from pageable memory to the device travels in the command
+  // and waits for nothing (openreg.h, OR_MAX_INLINE_COPY_BYTES).
+  const bool inline_copy =
+      kind == orMemcpyHostToDevice && nbytes <= OR_MAX_INLINE_COPY_BYTES;
+  if (pageable && !inline_copy) {
     // Wait here rather than inside the runtime, so that a kernel that failed
     // on the stream is raised by name. Nothing of this copy is queued yet:
     // the user's Ctrl-C may end the wait (t.cpu() after a long kernel).

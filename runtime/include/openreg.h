@@ -238,8 +238,10 @@ OPENREG_API orError_t orMemcpy(void* dst, const void* src, size_t count,
                                orMemcpyKind kind);
 /* Enqueues the copy on stream (NULL: the current device's default stream)
  * and returns. With pageable host memory the call behaves like orMemcpy
- * (it waits), as CUDA does; with pinned host memory or device-to-device it
- * returns at once. */
+ * (it waits), as CUDA does, except a copy to the device of at most
+ * OR_MAX_INLINE_COPY_BYTES: its bytes are captured and the call returns at
+ * once. With pinned host memory or device-to-device it returns at once. */
+#define OR_MAX_INLINE_COPY_BYTES 32768
 OPENREG_API orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
                                     orMemcpyKind kind, orStream_t stream);
 /* Sets count bytes of device memory to value, synchronously. */

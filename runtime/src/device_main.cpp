@@ -222,6 +222,15 @@ void run_command(Ring& ring, const Slot& slot) {
                                  static_cast<const char*>(src), h.c);
       return;
     }
+    case kCopyInline: {
+      void* dst = translate_address(h.a);
+      if (dst == nullptr) {
+        record_error(ring, orErrorInvalidValue, "copy outside device memory");
+        return;
+      }
+      std::memcpy(dst, slot.params, h.bytes);
+      return;
+    }
     case kMemset: {
       void* dst = translate_address(h.a);
       if (dst == nullptr) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "bulk_copy.h"
 #include "runtime_internal.h"
@@ -331,6 +332,29 @@ orError_t orMemcpyAsync(void* dst, const void* src, size_t count,
   bool pageable =
       (dst_range.dev == nullptr && !host_range_is_pinned(dst, count)) ||
       (src_range.dev == nullptr && !host_range_is_pinned(src, count));
+  if (pageable && dst_range.dev != nullptr && src_range.dev == nullptr &&
+      count <= OR_MAX_INLINE_COPY_BYTES) {
+    // [doc:inline-copy]
+    // A small copy from pageable memory to the device travels in the
+    // command itself, as a GPU driver writes a small copy's bytes into its
+    // command buffer: the call returns once the bytes are captured, without
+    // waiting for the stream's earlier work.
+    if (process_driver()) {
+      return proc::copy_inline(stream, dst, src, count);
+    }
+    if (stream->idle()) {
+      // Nothing queued to order it after: the host thread copies at once
+      // rather than waking the stream's worker for it.
+      do_copy(dst, src, count, dst_range, src_range);
+      return orSuccess;
+    }
+    std::vector<char> bytes(static_cast<const char*>(src),
+                            static_cast<const char*>(src) + count);
+    return stream->enqueue([=, bytes = std::move(bytes)] {
+      do_copy(dst, bytes.data(), count, dst_range, DeviceRange{});
+    });
+    // [/doc:inline-copy]
+  }
   if (process_driver()) {
     if (pageable) {
       OR_RETURN_IF_ERROR(stream->synchronize());

@@ -61,12 +61,13 @@ enum Command : uint32_t {
   kEventRecord = 4,  // a = event slot, b = generation
   kEventWait = 5,    // a = event slot, b = generation
   kWaitValue = 6,    // a = pinned host address, b = value (orStreamWaitValue32)
+  kCopyInline = 7,   // a = dst, params[bytes]: host bytes carried in the slot
 };
 
 struct SlotHeader {
   uint32_t command;
   uint32_t function;  // kLaunch: function id
-  uint64_t bytes;     // kLaunch: parameter bytes
+  uint64_t bytes;     // kLaunch, kCopyInline: parameter bytes
   uint64_t a, b, c;
 };
 

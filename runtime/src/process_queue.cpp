@@ -431,6 +431,20 @@ orError_t copy(orStream* stream, void* dst, const void* src, size_t count,
                      /*to_device=*/!src_ok);
 }
 
+orError_t copy_inline(orStream* stream, void* dst, const void* src,
+                      size_t count) {
+  static_assert(OR_MAX_INLINE_COPY_BYTES <= sizeof(Slot::params),
+                "an inline copy's bytes must fit in a ring slot");
+  if (count > OR_MAX_INLINE_COPY_BYTES) {
+    return orErrorInvalidValue;  // the caller checks; never reached
+  }
+  SlotHeader h{};
+  h.command = kCopyInline;
+  h.a = reinterpret_cast<uint64_t>(dst);
+  h.bytes = count;
+  return push(stream, h, src, count);
+}
+
 orError_t memset(orStream* stream, void* dst, int value, size_t count) {
   SlotHeader h{};
   h.command = kMemset;

@@ -227,6 +227,9 @@ void pinned_free(void* ptr);
 orError_t copy(Stream* stream, void* dst, const void* src, size_t count,
                bool dst_is_device, bool src_is_device, bool wait);
 orError_t memset(Stream* stream, void* dst, int value, size_t count);
+// Queues a host-to-device copy of at most OR_MAX_INLINE_COPY_BYTES whose
+// bytes travel in the command itself.
+orError_t copy_inline(Stream* stream, void* dst, const void* src, size_t count);
 // orDeviceTakeWarnings for a device process.
 void take_warnings(Device* dev, orWarningFn fn, void* user_data);
 // Maps memory another user process exported in every device process

@@ -2,11 +2,13 @@
 // ranges, ranges outside an allocation, bad arguments, and copies ordered
 // with the streams' work (memory.cpp has allocation and memset).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
 #include <vector>
 
+#include "module_fixture.h"
 #include "test_util.h"
 
 namespace {
@@ -312,6 +314,66 @@ TEST_F(CopyTest, MemcpyAsyncDeviceToDeviceOnDefaultStream) {
   std::vector<unsigned char> out(n, 0);
   OR_ASSERT_OK(orMemcpy(out.data(), b.get(), n, orMemcpyDeviceToHost));
   EXPECT_EQ(src, out);
+}
+
+// --- small copies from pageable memory (named kernels: both drivers) --------
+
+using openreg_test::GateLaunch;
+using InlineCopyTest = openreg_test::ModuleTest;
+
+// Up to OR_MAX_INLINE_COPY_BYTES, a copy from pageable memory to the device
+// captures the bytes and returns without waiting for the stream: the host
+// may reuse its buffer at once, and the copy runs in stream order.
+TEST_F(InlineCopyTest, SmallPageableCopyToDeviceDoesNotWaitForTheStream) {
+  const size_t n = OR_MAX_INLINE_COPY_BYTES;
+  DeviceBuffer dev(n + 512);
+  OR_ASSERT_OK(orMemset(dev.get(), 0x11, n + 512));
+  StreamHandle stream;
+  std::vector<unsigned char> host = BytePattern(n, 9);
+  const std::vector<unsigned char> want = host;
+  {
+    GateLaunch gate(this, stream.get());
+    gate.WaitEntered();
+    // Would hang here if the call waited for the gated stream.
+    OR_ASSERT_OK(orMemcpyAsync(dev.get(), host.data(), n, orMemcpyHostToDevice,
+                               stream.get()));
+    OR_ASSERT_OK(orMemcpyAsync(dev.bytes() + n + 3, host.data() + 5, 1,
+                               orMemcpyDefault, stream.get()));
+    EXPECT_EQ(orErrorNotReady, orStreamQuery(stream.get()));
+    std::fill(host.begin(), host.end(), 0);  // captured at the calls
+  }  // opens the gate, synchronizes the stream
+  std::vector<unsigned char> out(n + 512, 0);
+  OR_ASSERT_OK(orMemcpy(out.data(), dev.get(), n + 512, orMemcpyDeviceToHost));
+  EXPECT_EQ(0, std::memcmp(out.data(), want.data(), n));
+  EXPECT_EQ(0x11, out[n + 2]);
+  EXPECT_EQ(want[5], out[n + 3]);
+  EXPECT_EQ(0x11, out[n + 4]);
+}
+
+// One byte more and the copy is staged as before: the call returns only
+// once the stream's earlier work and the copy are done.
+TEST_F(InlineCopyTest, LargerPageableCopyToDeviceWaitsForTheStream) {
+  const size_t n = OR_MAX_INLINE_COPY_BYTES + 1;
+  DeviceBuffer dev(n);
+  StreamHandle stream;
+  const std::vector<unsigned char> host = BytePattern(n, 10);
+  std::atomic<bool> returned{false};
+  {
+    GateLaunch gate(this, stream.get());
+    gate.WaitEntered();
+    std::thread copier([&] {
+      EXPECT_EQ(orSuccess, orMemcpyAsync(dev.get(), host.data(), n,
+                                         orMemcpyHostToDevice, stream.get()));
+      returned = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(returned.load());
+    gate.Open();
+    copier.join();
+  }
+  std::vector<unsigned char> out(n, 0);
+  OR_ASSERT_OK(orMemcpy(out.data(), dev.get(), n, orMemcpyDeviceToHost));
+  EXPECT_EQ(host, out);
 }
 
 }  // namespace
