@@ -3,8 +3,9 @@
 // (process_protocol.h). This file is the user process's side of the device
 // processes themselves: starting them, requests (modules, functions,
 // streams' workers), and the watch that turns a device process's death into
-// a lost device. process_queue.cpp has the commands: streams, launches,
-// copies, the pinned pool, events.
+// a lost device, and the kernels' warnings read from the control block.
+// process_queue.cpp has the commands: streams, launches, copies, the pinned
+// pool, events.
 //
 // What stays in the user's process: the device memory's bookkeeping
 // (orMalloc/orFree, as a caching allocator would), the arenas' no-access
@@ -475,6 +476,36 @@ orError_t map_import(int slot, const char* path, uint64_t offset,
 void unmap_import(int slot) {
   for (auto& dev : runtime().devices) {
     request(of(dev.get()), kUnmapImport, slot, 0, nullptr);
+  }
+}
+
+// ---- warnings ---------------------------------------------------------
+
+void take_warnings(Device* dev, orWarningFn fn, void* user_data) {
+  ProcessDevice& pd = of(dev);
+  Control& c = *pd.control;
+  if (c.warnings_pending.load(std::memory_order_acquire) == 0) {
+    return;  // the common case: one load
+  }
+  std::lock_guard<std::mutex> lock(pd.warnings_mu);
+  c.warnings_pending.exchange(0, std::memory_order_seq_cst);
+  uint64_t dropped = 0;
+  for (int r = 0; r < kMaxStreams; ++r) {
+    Ring& ring = c.rings[r];
+    const uint64_t written = ring.warn_written.load(std::memory_order_acquire);
+    uint64_t read = ring.warn_read.load(std::memory_order_relaxed);
+    for (; read < written; ++read) {
+      char text[OR_MAX_WARNING_BYTES];
+      std::memcpy(text, ring.warnings[read % OR_MAX_PENDING_WARNINGS],
+                  sizeof(text));
+      text[sizeof(text) - 1] = '\0';
+      fn(user_data, text);
+    }
+    ring.warn_read.store(read, std::memory_order_release);
+    dropped += ring.warn_dropped.exchange(0, std::memory_order_relaxed);
+  }
+  if (dropped > 0) {
+    fn(user_data, dropped_warnings_message(dropped).c_str());
   }
 }
 

@@ -435,9 +435,6 @@ orError_t copy_inline(orStream* stream, void* dst, const void* src,
                       size_t count) {
   static_assert(OR_MAX_INLINE_COPY_BYTES <= sizeof(Slot::params),
                 "an inline copy's bytes must fit in a ring slot");
-  if (count > OR_MAX_INLINE_COPY_BYTES) {
-    return orErrorInvalidValue;  // the caller checks; never reached
-  }
   SlotHeader h{};
   h.command = kCopyInline;
   h.a = reinterpret_cast<uint64_t>(dst);
@@ -456,36 +453,6 @@ orError_t memset(orStream* stream, void* dst, int value, size_t count) {
   Device* dev = stream->device();
   return wait_ring(dev, of(dev).control->rings[stream->proc_ring_], ticket + 1,
                    false);
-}
-
-// ---- warnings ---------------------------------------------------------
-
-void take_warnings(Device* dev, orWarningFn fn, void* user_data) {
-  ProcessDevice& pd = of(dev);
-  Control& c = *pd.control;
-  if (c.warnings_pending.load(std::memory_order_acquire) == 0) {
-    return;  // the common case: one load
-  }
-  std::lock_guard<std::mutex> lock(pd.warnings_mu);
-  c.warnings_pending.exchange(0, std::memory_order_seq_cst);
-  uint64_t dropped = 0;
-  for (int r = 0; r < kMaxStreams; ++r) {
-    Ring& ring = c.rings[r];
-    const uint64_t written = ring.warn_written.load(std::memory_order_acquire);
-    uint64_t read = ring.warn_read.load(std::memory_order_relaxed);
-    for (; read < written; ++read) {
-      char text[OR_MAX_WARNING_BYTES];
-      std::memcpy(text, ring.warnings[read % OR_MAX_PENDING_WARNINGS],
-                  sizeof(text));
-      text[sizeof(text) - 1] = '\0';
-      fn(user_data, text);
-    }
-    ring.warn_read.store(read, std::memory_order_release);
-    dropped += ring.warn_dropped.exchange(0, std::memory_order_relaxed);
-  }
-  if (dropped > 0) {
-    fn(user_data, dropped_warnings_message(dropped).c_str());
-  }
 }
 
 // ---- events -----------------------------------------------------------
