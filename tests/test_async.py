@@ -27,6 +27,27 @@ def thread_names():
     return names
 """
 
+# The thread driver's worker of device 0 and its OpenMP team's threads,
+# counted by name; settled(want) waits (at most 2 s) until they are `want`.
+WORKER_TEAM = (
+    THREAD_NAMES
+    + """
+import time, torch
+def workers():
+    return thread_names().count("openreg0-dflt")
+small = torch.ones(64, device="openreg")
+def settled(want):
+    # One-thread kernels keep the worker from retiring (it does after 10 ms
+    # without work; the next launch would start a worker without a team) and
+    # start no team. No sleep between them: a sleep that overran 10 ms on a
+    # loaded machine let the worker retire.
+    deadline = time.monotonic() + 2
+    while workers() != want and time.monotonic() < deadline:
+        small.add_(1)
+    return workers()
+"""
+)
+
 
 @pytest.mark.skipif(
     os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1", reason="launches wait in blocking mode"
@@ -382,28 +403,15 @@ def test_elementwise_kernels_leave_a_running_host_a_thread(py):
     # A kernel whose bits do not depend on its thread count (add, mul, ...:
     # kTeamSizeFree in aten/fallback/OpenRegOpTraits.cpp) runs on one thread
     # fewer while the host runs its own work (orKernelContext::team_threads),
+    # in deterministic mode too,
     # and after four such kernels in a row the worker ends its idle OpenMP
     # team, whose threads would spin on the host's core
     # (kernels/OpenRegKernelLibrary.cpp, call_threads). The team's threads
     # take the worker's name.
     out = py(
-        THREAD_NAMES
+        WORKER_TEAM
         + textwrap.dedent(
             """
-        import os, time, torch
-        def workers():
-            return thread_names().count("openreg0-dflt")
-        small = torch.ones(64, device="openreg")
-        def settled(want):
-            # One-thread kernels keep the worker from retiring (it does
-            # after 10 ms without work; the next launch would start a
-            # worker without a team) and start no team. No sleep between
-            # them: a sleep that overran 10 ms on a loaded machine let the
-            # worker retire.
-            deadline = time.monotonic() + 2
-            while workers() != want and time.monotonic() < deadline:
-                small.add_(1)
-            return workers()
         cpu = torch.linspace(-3, 3, (1 << 20) + 13)
         x = cpu.to("openreg")
         x.clone().mul_(1.5)  # each signature's first call runs at once
@@ -418,6 +426,9 @@ def test_elementwise_kernels_leave_a_running_host_a_thread(py):
         while not stream.query() and time.monotonic() < deadline:
             pass  # the host runs: it never waits in the driver
         after = settled(with_team - 1)
+        # In deterministic mode exp keeps every thread (outside it, it may run
+        # on fewer too: doc:fewer-threads in aten/fallback/OpenRegOpTraits.cpp).
+        torch.use_deterministic_algorithms(True)
         e2 = x.exp()
         torch.openreg.synchronize()
         again = workers()
@@ -442,6 +453,54 @@ def test_elementwise_kernels_leave_a_running_host_a_thread(py):
         assert (after, again) == ("1", "2"), out.stdout
 
 
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="no OpenMP team with one thread")
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_products_leave_a_running_host_a_thread_outside_deterministic_mode(py, deterministic):
+    # Outside deterministic mode every queued call may run on one thread
+    # fewer while the host runs its own work, matrix products included, whose
+    # partial sums (and so their last bits) follow the team; in it a product
+    # keeps the launch's team and gives the CPU's bits (doc:fewer-threads in
+    # aten/fallback/OpenRegOpTraits.cpp). Four one-thread kernels in a row
+    # end the worker's idle team (call_threads), which the test counts.
+    out = py(
+        WORKER_TEAM
+        + textwrap.dedent(
+            f"""
+        torch.use_deterministic_algorithms({deterministic})
+        a_cpu = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+        want = a_cpu @ a_cpu
+        a = a_cpu.to("openreg")
+        small.add_(1)
+        first = a @ a  # the signature's first call runs at once: every thread
+        torch.openreg.synchronize()
+        with_team = workers()
+        products = [a @ a for _ in range(8)]
+        stream = torch.openreg.current_stream()
+        deadline = time.monotonic() + 10
+        while not stream.query() and time.monotonic() < deadline:
+            pass  # the host runs: it never waits in the driver
+        after = settled(with_team - 1 if not {deterministic} else with_team)
+        got = [p.cpu() for p in products]
+        close = all(torch.allclose(g, want, rtol=1e-5, atol=1e-4) for g in got)
+        exact = all(torch.equal(g, want) for g in got)
+        print(with_team, after, torch.equal(first.cpu(), want), close, exact)
+        """
+        )
+    )
+    assert out.returncode == 0, out.stderr
+    with_team, after, first_exact, close, exact = out.stdout.split()
+    assert (first_exact, close) == ("True", "True"), out.stdout
+    if deterministic:
+        assert exact == "True", out.stdout  # the CPU's bits
+    if torch.openreg._named_kernels_only():
+        return  # the kernels run in the device's process
+    assert with_team == "2", out.stdout
+    if deterministic or os.environ.get("OPENREG_LAUNCH_BLOCKING") == "1":
+        assert after == "2", out.stdout  # the products kept their team
+    else:
+        assert after == "1", out.stdout  # they ran on the worker alone
+
+
 @pytest.mark.parametrize(
     "op",
     [
@@ -458,11 +517,24 @@ def test_elementwise_kernels_leave_a_running_host_a_thread(py):
     ids=["add", "sub", "mul", "div", "neg", "mul-scalar", "add-alpha", "exp", "gelu"],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64])
-def test_large_elementwise_kernels_beside_a_running_host_give_the_cpus_bits(op, dtype):
-    # Whether the host runs or waits decides how many threads an elementwise
-    # kernel gets, never its bits: an odd length puts each thread's last
-    # elements in ATen's scalar loop, which some operators round differently
-    # from the vectorized one; those keep their thread count.
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "default"])
+def test_large_elementwise_kernels_beside_a_running_host_give_the_cpus_bits(
+    op, dtype, deterministic
+):
+    # In deterministic mode, whether the host runs or waits decides how many
+    # threads an elementwise kernel gets, never its bits: an odd length puts
+    # each thread's last elements in ATen's scalar loop, which some operators
+    # round differently from the vectorized one; those keep their thread
+    # count. Outside it they may run on one thread fewer too, and give the
+    # CPU's values (doc:fewer-threads in aten/fallback/OpenRegOpTraits.cpp).
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        _elementwise_beside_a_running_host(op, dtype, deterministic)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def _elementwise_beside_a_running_host(op, dtype, deterministic):
     g = torch.Generator().manual_seed(0)
     n = (1 << 18) + 13
     a = torch.randn(n, generator=g).to(dtype)
@@ -476,4 +548,7 @@ def test_large_elementwise_kernels_beside_a_running_host_give_the_cpus_bits(op, 
     spin = sum(i * i for i in range(20000))
     assert spin > 0
     for r in results:
-        assert torch.equal(r.cpu(), want)
+        if deterministic:
+            assert torch.equal(r.cpu(), want)
+        else:
+            torch.testing.assert_close(r.cpu(), want)

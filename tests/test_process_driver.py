@@ -431,13 +431,16 @@ def test_openreg_kernels_match_the_cpu(py):
     kernel library, and so is the example custom operator's kernel
     (openreg_scaled_abs); attention, convolution and same-device copies are
     the CPU's operators run from bytes (serialized boxed calls); all queued,
-    never staged on the host. All with the CPU's values, gradients included."""
+    never staged on the host. All with the CPU's values, gradients included
+    (in deterministic mode, so that the reductions of the backward passes keep
+    the CPU's thread count: doc:fewer-threads in aten/fallback/OpenRegOpTraits.cpp)."""
     out = last_json(
         py(
             """
             import json, torch, torch_openreg
             import torch.nn.functional as F
             torch.manual_seed(0)
+            torch.use_deterministic_algorithms(True)
             d = "openreg"
             checks = {}
             def close(a, b):

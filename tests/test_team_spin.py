@@ -3,7 +3,10 @@
 docs/process-driver.md, "The device's OpenMP team": a device process
 chooses for its own libgomp, the thread driver for the user process's, which
 its devices share with the host. The choice changes timing only: every
-setting gives the CPU's values and the same bits. The short spin is an idle
+setting gives the CPU's values, and in deterministic mode the same bits
+(outside it a kernel may run on fewer threads while the host runs, and a
+product's or a reduction's last bits follow the timing: doc:fewer-threads
+in csrc/aten/fallback/OpenRegOpTraits.cpp). The short spin is an idle
 team of two threads named ``openreg-spin`` (a thread of the kernel library
 and its OpenMP team thread) beside the device's own: these tests count
 them, in the device process or in the user's.
@@ -48,6 +51,7 @@ TRAIN = (
     + """
 import copy, hashlib, json, time, torch, torch_openreg
 torch.manual_seed(0)
+torch.use_deterministic_algorithms(True)  # bits that do not follow the timing
 model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 10))
 x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
 def train(device):

@@ -71,16 +71,18 @@ namespace {
 // signature (which runs synchronously), nor on what else runs on the
 // machine: some CPU kernels split a reduction into one partial sum per
 // thread (layer_norm's backward, the sums of a TensorIterator), so the team
-// size decides the bits of the result, and identical calls must give
-// identical bits, as they do on the CPU for a fixed thread count. (Earlier
-// the team shrank while other programs kept the machine busy; with two
-// spinning processes beside it an MLP step takes longer with a full team,
-// which benchmarks/README.md quantifies, but a result that changes with the
-// machine's load is a wrong result.) The one exception cannot change a bit:
-// a serialized call of an operator whose every element rounds alike on any
-// number of threads (kTeamSizeFree: add, mul, ...) runs on one thread fewer
-// while the host runs rather than waits for the device
-// (orKernelContext::team_threads, kernels/OpenRegKernelLibrary.cpp).
+// size decides the bits of the result. (Earlier the team shrank while other
+// programs kept the machine busy; a result that changes with the machine's
+// load, which the user cannot control, is a wrong result.) What the device
+// does with the count is the one place where the program's own timing
+// counts: a serialized call runs on one thread fewer while the host runs
+// rather than waits for the device (orKernelContext::team_threads), every
+// call outside deterministic mode, where PyTorch promises no bitwise
+// reproducibility (a GPU's results vary too), and in it only those of an
+// operator whose every element rounds alike on any number of threads
+// (kTeamSizeFree: add, mul, ...), so that identical calls give identical
+// bits, the CPU's for that thread count (doc:fewer-threads in
+// aten/fallback/OpenRegOpTraits.cpp).
 //
 // Only the thread count changes: initialising ATen's threading state on the
 // worker from here (at::internal::lazy_init_num_threads) made convolutions

@@ -501,8 +501,8 @@ typedef struct orKernelContext {
    * OR_MAX_PENDING_WARNINGS per stream it only counts them. */
   void (*warn)(struct orKernelContext* ctx, const char* message);
   /* Version 4. SIMULATOR ONLY (a device with cores of its own returns
-   * `threads`): how many of `threads` host threads a kernel whose results do
-   * not depend on its thread count should use now. The simulated device
+   * `threads`): how many of `threads` host threads a kernel that may run on
+   * fewer threads (its caller's choice) should use now. The simulated device
    * computes on the host's cores: while no host thread waits for the device
    * (a synchronization, or a launch waiting for room on a full stream), the
    * host runs its own work on one of them, and a team using them all would

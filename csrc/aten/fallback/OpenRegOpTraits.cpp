@@ -1,5 +1,6 @@
 #include "aten/fallback/OpenRegOpTraits.h"
 
+#include <ATen/Context.h>
 #include <ATen/core/enum_tag.h>
 #include <c10/util/flat_hash_map.h>
 
@@ -345,6 +346,31 @@ bool team_size_free(const OpTraits& traits, c10::ArrayRef<c10::IValue> args,
   return real;
 }
 // [/doc:team-size-free]
+
+// [doc:fewer-threads]
+// Whether the device may run a call's CPU kernel on fewer threads than the
+// launch gives (call::kFewerThreads; the device does so while the host runs
+// its own work, orKernelContext::team_threads). PyTorch promises bitwise
+// reproducible results only under torch.use_deterministic_algorithms(True)
+// (its "Reproducibility" notes; on CUDA, cuDNN's and cuBLAS's algorithms and
+// atomics vary from run to run otherwise). So outside that mode every call
+// may: the kernels whose partial sums follow the team (matrix products along
+// K, reductions, layer_norm's backward) may then differ from run to run in
+// their last bits, as a GPU's do. A matrix product whose second thread the
+// host's Python preempts would wait for it at its end, so the host's work
+// was not hidden behind the device's: the demo's training loop ran at
+// 1.04-1.10 of the CPU's time with the full team, and at 0.89-0.96 (its
+// bound 0.91-0.93) with every kernel allowed one thread fewer
+// (benchmarks/README.md, stop 85). In deterministic mode only the
+// team-size-free calls may, and a call gives the CPU's bits for the thread
+// count the launch gives.
+bool may_use_fewer_threads(const OpTraits& traits,
+                           c10::ArrayRef<c10::IValue> args,
+                           c10::ArrayRef<at::Tensor> results) {
+  return !at::globalContext().deterministicAlgorithms() ||
+         team_size_free(traits, args, results);
+}
+// [/doc:fewer-threads]
 
 // [doc:wrapped-number-dtype]
 // A Python number in an arithmetic call (x + 1, x * 0.5) reaches the

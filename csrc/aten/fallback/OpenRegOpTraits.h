@@ -110,6 +110,13 @@ struct OpTraits {
 bool team_size_free(const OpTraits& traits, c10::ArrayRef<c10::IValue> args,
                     c10::ArrayRef<at::Tensor> results);
 
+// Whether the device may run a call on fewer threads than the launch gives
+// (call::kFewerThreads): every call outside deterministic mode, the
+// team-size-free ones in it (doc:fewer-threads in OpenRegOpTraits.cpp).
+bool may_use_fewer_threads(const OpTraits& traits,
+                           c10::ArrayRef<c10::IValue> args,
+                           c10::ArrayRef<at::Tensor> results);
+
 // The dtype the device receives the call's wrapped numbers in (Python
 // numbers made tensors, x + 1), or nullopt to send them as they are
 // (doc:wrapped-number-dtype in OpenRegOpTraits.cpp).

@@ -420,7 +420,8 @@ bool encode_call(const CallToEncode& c, std::vector<uint8_t>& out) {
   h.flags =
       (c.forward_warnings ? call::kForwardWarnings : 0) |
       (c.apply_settings ? call::kApplySettings : 0) |
-      (team_size_free(*c.traits, c.args, c.results) ? call::kTeamSizeFree : 0);
+      (may_use_fewer_threads(*c.traits, c.args, c.results) ? call::kFewerThreads
+                                                           : 0);
   if (c.apply_settings) {
     h.settings = static_cast<uint64_t>(host_settings());
   }

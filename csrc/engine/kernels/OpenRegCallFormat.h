@@ -64,11 +64,12 @@ enum CallFlags : uint8_t {
   // the call: set when the kernel runs in a process of its own, whose
   // process-wide settings are not the user's.
   kApplySettings = 2,
-  // The kernel's results do not depend on its thread count (an elementwise
-  // operator whose every element rounds alike in ATen's vectorized and
-  // scalar loops): the device may run it on fewer threads than `threads`
-  // (orKernelContext::team_threads).
-  kTeamSizeFree = 4,
+  // The device may run the kernel on fewer threads than `threads`
+  // (orKernelContext::team_threads): outside deterministic mode, or when
+  // its results do not depend on its thread count (an elementwise operator
+  // whose every element rounds alike in ATen's vectorized and scalar
+  // loops); doc:fewer-threads in aten/fallback/OpenRegOpTraits.cpp.
+  kFewerThreads = 4,
 };
 
 // CallHeader::settings: the host's process-wide settings a CPU kernel reads

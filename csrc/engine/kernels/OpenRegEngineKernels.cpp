@@ -86,8 +86,9 @@ class KernelThreads {
 
 // [doc:call-threads]
 // The thread count of a serialized call: the one it carries, or, for a call
-// whose results do not depend on it (call::kTeamSizeFree), what the device
-// gives such a kernel now (orKernelContext::team_threads: in the simulator,
+// that may run on fewer (call::kFewerThreads: outside deterministic mode, or
+// one whose results do not depend on it), what the device gives such a
+// kernel now (orKernelContext::team_threads: in the simulator,
 // one thread fewer while the host runs its own work on the same cores).
 //
 // SIMULATOR ONLY: after a region of a team, libgomp keeps the team's other
@@ -118,7 +119,7 @@ int call_threads(const void* params, size_t bytes, orKernelContext* ctx) {
   if (h.threads <= 1) {
     return h.threads;
   }
-  if ((h.flags & openreg::call::kTeamSizeFree) != 0 && ctx->version >= 4) {
+  if ((h.flags & openreg::call::kFewerThreads) != 0 && ctx->version >= 4) {
     const int threads = std::clamp(ctx->team_threads(ctx, h.threads), 1,
                                    static_cast<int>(h.threads));
     if (threads < h.threads) {
