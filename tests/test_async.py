@@ -466,14 +466,18 @@ def test_products_leave_a_running_host_a_thread_outside_deterministic_mode(py, d
         WORKER_TEAM
         + textwrap.dedent(
             f"""
-        torch.use_deterministic_algorithms({deterministic})
-        a_cpu = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+        a_cpu = torch.randn(512, 512, generator=torch.Generator().manual_seed(0))
         want = a_cpu @ a_cpu
         a = a_cpu.to("openreg")
         small.add_(1)
-        first = a @ a  # the signature's first call runs at once: every thread
+        # A team of every thread: exp is not team-size-free, and in
+        # deterministic mode it keeps the launch's thread count.
+        torch.use_deterministic_algorithms(True)
+        torch.linspace(-3, 3, 1 << 20, device="openreg").exp()
+        first = a @ a
         torch.openreg.synchronize()
         with_team = workers()
+        torch.use_deterministic_algorithms({deterministic})
         products = [a @ a for _ in range(8)]
         stream = torch.openreg.current_stream()
         deadline = time.monotonic() + 10
